@@ -1,0 +1,1 @@
+"""`tessera-prof`: one module per subcommand, each with `prepare_parser` and `run`."""

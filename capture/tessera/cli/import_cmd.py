@@ -1,0 +1,83 @@
+"""Import PyTorch profiler (Kineto) traces into a TensorBoard log directory.
+
+Takes .pt.trace.json / .json.gz files, or directories of them (one file per rank, as
+torch.profiler.tensorboard_trace_handler writes them). NVML sample files named
+nvml_<worker>.csv beside the traces become counter tracks.
+
+Example:
+  tessera-prof import runs_raw/ddp/ --logdir runs --run ddp
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from tessera_tb.importers.kineto_import import ImportFailed, import_traces, parse_steps
+
+HELP = "import PyTorch profiler traces into a run"
+
+
+def prepare_parser(p: argparse.ArgumentParser) -> None:
+    p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories of them")
+    p.add_argument("--logdir", required=True, help="TensorBoard log directory to write into")
+    p.add_argument("--run", help="run name (default: the directory or worker name)")
+    p.add_argument("--steps", help="steps to import, e.g. 4-6,9 (default: all)")
+    p.add_argument("--workers", help="comma-separated workers to import, e.g. rank0,rank1")
+    p.add_argument("--nvml", metavar="FILE", help="NVML sample CSV for a single-worker import")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
+
+
+def run(args: argparse.Namespace) -> int:
+    started = time.perf_counter()
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"[{time.perf_counter() - started:6.2f}s] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        steps = parse_steps(args.steps) if args.steps else None
+        workers = (
+            {w.strip() for w in args.workers.split(",") if w.strip()} if args.workers else None
+        )
+        result = import_traces(
+            args.paths,
+            args.logdir,
+            args.run,
+            steps=steps,
+            workers=workers,
+            nvml=args.nvml,
+            overwrite=args.overwrite,
+            progress=progress,
+        )
+    except (ImportFailed, ValueError) as exc:
+        print(f"tessera-prof import: error: {exc}", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"tessera-prof import: warning: {w}", file=sys.stderr)
+    mb = result.json_bytes / 1e6
+    print(
+        f"imported {result.events:,} events ({mb:.1f} MB of JSON) from "
+        f"{sum(len(w.files) for w in result.workers)} file(s) into {result.run_dir}: "
+        + ", ".join(f"{w.worker} steps {_ranges(w.steps)}" for w in result.workers)
+        + f" in {result.seconds:.2f} s ({mb / max(result.seconds, 1e-9):.1f} MB/s); "
+        f"{result.bytes_written / 1e6:.2f} MB on disk"
+    )
+    return 0
+
+
+def _ranges(steps: list[int]) -> str:
+    steps = sorted(steps)
+    if not steps:
+        return "none"
+    parts, lo, prev = [], steps[0], steps[0]
+    for s in steps[1:] + [None]:
+        if s is not None and s == prev + 1:
+            prev = s
+            continue
+        parts.append(str(lo) if lo == prev else f"{lo}-{prev}")
+        if s is not None:
+            lo = prev = s
+    return ",".join(parts)

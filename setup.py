@@ -1,0 +1,38 @@
+"""One distribution, two import packages: tessera_tb (trace processing + plugin) and tessera."""
+
+from setuptools import find_packages, setup
+
+_TB_PACKAGES = find_packages(include=["tessera_tb", "tessera_tb.*"])
+_CAPTURE_PACKAGES = find_packages(where="capture", include=["tessera", "tessera.*"])
+
+setup(
+    name="tessera-profiler",
+    version="0.1.0",
+    description="GPU profiler for TensorBoard: per-step traces, operator timeline, top-k, "
+    "roofline, stalls and collectives",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=_TB_PACKAGES + _CAPTURE_PACKAGES,
+    package_dir={"tessera": "capture/tessera"},
+    package_data={"tessera_tb": ["proto/*.proto", "proto/*.pyi", "frontend/*"]},
+    install_requires=[
+        "tensorboard>=2.21",
+        "protobuf>=6.31.1,<8",
+        "numpy>=1.24",
+        "pandas>=2.0",
+        "plotly>=5.0",
+        "werkzeug>=2.0",
+        # Typed JSON decoding: 3-5x faster than json.load on Kineto traces and no
+        # intermediate dicts for the event envelope (bench/ingest.py measures it).
+        "msgspec>=0.18",
+    ],
+    extras_require={
+        "torch": ["torch"],
+        "nvml": ["nvidia-ml-py"],
+        "test": ["pytest>=8", "ruff"],
+    },
+    entry_points={
+        "console_scripts": ["tessera-prof=tessera.cli.main:main"],
+    },
+)

@@ -1,0 +1,1 @@
+"""Analyses shared by the plugin, `tessera.analyze`, the CLI and the exporters."""

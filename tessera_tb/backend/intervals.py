@@ -1,0 +1,27 @@
+"""Interval arithmetic on numpy arrays (no per-interval Python loop)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def union_length_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
+    """Length of the union of [starts, ends) clipped to [lo, hi), in ns."""
+    s = np.clip(np.asarray(starts, dtype=np.int64), lo, hi)
+    e = np.clip(np.asarray(ends, dtype=np.int64), lo, hi)
+    keep = e > s
+    if not keep.any():
+        return 0
+    s, e = s[keep], e[keep]
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    reach = np.maximum.accumulate(e)
+    # A new merged segment starts where an interval begins after everything before it ended.
+    new_seg = np.empty(s.size, dtype=bool)
+    new_seg[0] = True
+    new_seg[1:] = s[1:] > reach[:-1]
+    seg_id = np.cumsum(new_seg) - 1
+    seg_start = s[new_seg]
+    seg_end = np.zeros(seg_start.size, dtype=np.int64)
+    np.maximum.at(seg_end, seg_id, reach)
+    return int((seg_end - seg_start).sum())

@@ -1,0 +1,123 @@
+"""Read a PyTorch profiler (Kineto) trace file into typed records, fast.
+
+Handles `.json` and `.json.gz`, the current format (lower-case categories,
+`baseTimeNanoseconds`, relative `ts`), the 2022 transitional one and the pre-2022 one
+(absolute `ts`, string tids). Every problem is a TraceFormatError naming the file.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from tessera_tb.trace.errors import TraceFormatError
+
+
+class RawEvent(msgspec.Struct):
+    """One entry of `traceEvents`, as the Chrome trace format spells it."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float | None = None
+    dur: float | None = None
+    id: int | str | None = None
+    s: str = ""
+    bp: str = ""
+    args: dict[str, Any] | None = None
+
+
+_TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_EVENTS = msgspec.json.Decoder(list[RawEvent])
+_ANY = msgspec.json.Decoder()
+
+
+@dataclass
+class RawTrace:
+    path: str
+    events: list[RawEvent]
+    meta: dict[str, Any]  # every top-level key but traceEvents
+    json_bytes: int
+
+
+@contextmanager
+def _gc_paused():
+    # Decoding allocates millions of objects that all survive; the collector would
+    # walk them over and over for nothing.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's JSON text, gunzipped when it is gzip (by its magic bytes, not its name)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise TraceFormatError(
+                path, "truncated gzip file (ends before the stream does)"
+            ) from None
+        except (OSError, zlib.error) as exc:
+            raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
+    return data
+
+
+def _describe_validation(exc: msgspec.ValidationError) -> str:
+    msg = str(exc)
+    # msgspec says "... - at `$[12].ts`"; name the event by its index in traceEvents.
+    if " - at `$[" in msg:
+        head, _, where = msg.partition(" - at `$[")
+        index, _, rest = where.partition("]")
+        field = rest.strip("`").lstrip(".") or "event"
+        return f"traceEvents[{int(index)}] field {field!r}: {head}"
+    return msg
+
+
+def decode(path: str, data: bytes) -> RawTrace:
+    """Decode the JSON text of a trace file."""
+    stripped = data.lstrip()
+    if not stripped:
+        raise TraceFormatError(path, "empty file, expected a JSON trace")
+    with _gc_paused():
+        try:
+            if stripped[:1] == b"[":
+                top: dict[str, Any] = {}
+                events_raw: bytes | msgspec.Raw = data
+            else:
+                top = _TOP.decode(data)
+                if "traceEvents" not in top:
+                    raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
+                events_raw = top.pop("traceEvents")
+            events = _EVENTS.decode(events_raw)
+        except msgspec.ValidationError as exc:
+            if " - at `$[" not in str(exc):
+                raise TraceFormatError(
+                    path, f"'traceEvents' is not a list of events ({exc})"
+                ) from None
+            raise TraceFormatError(path, _describe_validation(exc)) from None
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+        meta = {k: _ANY.decode(v) for k, v in top.items()}
+    return RawTrace(path=path, events=events, meta=meta, json_bytes=len(data))
+
+
+def read_trace(path: str) -> RawTrace:
+    return decode(path, read_bytes(path))

@@ -1,0 +1,350 @@
+"""Import PyTorch profiler (Kineto) traces into a run: `tessera-prof import`.
+
+Files are grouped by worker (`{worker}.{ns}.pt.trace.json[.gz]`, as
+`tensorboard_trace_handler` names them); several files of one worker are successive
+spans. The run is built in a hidden directory beside its destination and renamed into
+place only when every file converted, so a failed import leaves no half-written run and
+an existing run stays intact.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from tessera_tb.importers import kineto_decode, nvml_csv
+from tessera_tb.importers.kineto_span import StringTable, build_span
+from tessera_tb.proto import trace_pb2 as pb
+from tessera_tb.trace import layout
+from tessera_tb.trace.errors import TraceFormatError
+from tessera_tb.trace.step import Capability, StepData
+from tessera_tb.trace.writer import WorkerWriter, new_worker_meta
+
+_TRACE_NAME = re.compile(r"^(?P<worker>.+?)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
+_TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
+
+Progress = Callable[[str], None]
+
+
+class ImportFailed(Exception):
+    """The import could not be done; the message is one line naming the file and problem."""
+
+
+@dataclass
+class WorkerImport:
+    worker: str
+    files: list[str]
+    steps: list[int] = field(default_factory=list)
+    events: int = 0
+    json_bytes: int = 0
+    bytes_written: int = 0
+    nvml: str | None = None
+
+
+@dataclass
+class ImportResult:
+    run_dir: str
+    workers: list[WorkerImport]
+    seconds: float
+    warnings: list[str]
+
+    @property
+    def events(self) -> int:
+        return sum(w.events for w in self.workers)
+
+    @property
+    def json_bytes(self) -> int:
+        return sum(w.json_bytes for w in self.workers)
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(w.bytes_written for w in self.workers)
+
+
+def worker_of_file(path: str) -> tuple[str, int]:
+    """(worker name, span order key) from a trace file name."""
+    base = os.path.basename(path)
+    m = _TRACE_NAME.match(base)
+    if m:
+        return layout.safe_worker_name(m.group("worker")), int(m.group("ns"))
+    for suffix in _TRACE_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    return layout.safe_worker_name(base), 0
+
+
+def is_trace_file(name: str) -> bool:
+    return name.endswith((".json", ".json.gz")) and not name.startswith(".")
+
+
+def discover(paths: Iterable[str]) -> dict[str, list[str]]:
+    """Map worker -> its trace files in span order, from files and directories."""
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(
+                os.path.join(p, f)
+                for f in os.listdir(p)
+                if is_trace_file(f) and os.path.isfile(os.path.join(p, f))
+            )
+            if not found:
+                raise ImportFailed(f"{p}: directory holds no .json or .json.gz trace files")
+            files.extend(found)
+        elif os.path.isfile(p):
+            files.append(p)
+        else:
+            raise ImportFailed(f"{p}: no such file or directory")
+    by_worker: dict[str, list[tuple[int, str]]] = collections.defaultdict(list)
+    for f in files:
+        worker, order = worker_of_file(f)
+        by_worker[worker].append((order, f))
+    return {w: [f for _, f in sorted(v)] for w, v in sorted(by_worker.items())}
+
+
+def parse_steps(spec: str) -> set[int]:
+    """ "4-6,9" -> {4, 5, 6, 9}."""
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        try:
+            if sep:
+                out.update(range(int(lo), int(hi) + 1))
+            else:
+                out.add(int(part))
+        except ValueError:
+            raise ValueError(f"bad step selection {spec!r}: use e.g. 4-6,9") from None
+    return out
+
+
+def _source_format(trace: kineto_decode.RawTrace) -> str:
+    cats = {e.cat for e in trace.events[:5000]}
+    if cats & {"Operator", "Kernel", "Runtime"}:
+        return "kineto-2021"
+    if "async_cpu_to_gpu" in cats:
+        return "kineto-2022"
+    return "kineto"
+
+
+def _worker_meta(worker: str, trace: kineto_decode.RawTrace, files: list[str]) -> pb.WorkerMeta:
+    m = trace.meta
+    dist = m.get("distributedInfo") or {}
+    meta = new_worker_meta(
+        worker,
+        clock_base_ns=int(m.get("baseTimeNanoseconds") or 0),
+        source_format=_source_format(trace),
+        origin="import",
+    )
+    meta.sources.extend(os.path.basename(f) for f in files)
+    if isinstance(dist.get("rank"), int):
+        meta.rank = dist["rank"]
+    if isinstance(dist.get("world_size"), int):
+        meta.world_size = dist["world_size"]
+    meta.backend = str(dist.get("backend") or "")
+    for pg in dist.get("pg_config") or []:
+        meta.process_groups.add(
+            name=str(pg.get("pg_name", "")),
+            desc=str(pg.get("pg_desc", "")),
+            backend_config=str(pg.get("backend_config", "")),
+            size=int(pg.get("pg_size") or 0),
+            ranks=[int(r) for r in pg.get("ranks") or []],
+        )
+    for key, name in (
+        ("cuda_runtime_version", "cuda_runtime"),
+        ("cuda_driver_version", "cuda_driver"),
+        ("cupti_version", "cupti"),
+        ("schemaVersion", "kineto_schema"),
+    ):
+        if key in m:
+            meta.versions[name] = str(m[key])
+    if "nccl_version" in dist:
+        meta.versions["nccl"] = str(dist["nccl_version"])
+    for d in m.get("deviceProperties") or []:
+        known = {"id", "name", "totalGlobalMem", "computeMajor", "computeMinor", "numSms"}
+        meta.devices.add(
+            id=int(d.get("id", -1)),
+            name=str(d.get("name", "")),
+            total_global_mem_bytes=int(d.get("totalGlobalMem") or 0),
+            compute_major=int(d.get("computeMajor") or 0),
+            compute_minor=int(d.get("computeMinor") or 0),
+            num_sms=int(d.get("numSms") or 0),
+            extra_json=msgspec.json.encode({k: v for k, v in d.items() if k not in known}).decode(),
+        )
+    other = {k: v for k, v in m.items() if k not in ("deviceProperties", "distributedInfo")}
+    meta.trace_meta_json = msgspec.json.encode(other).decode()
+    return meta
+
+
+def _main_device(step: StepData) -> int:
+    devices = collections.Counter(t.device for t in step.tracks if t.kind == "device_stream")
+    return devices.most_common(1)[0][0] if devices else -1
+
+
+def _capabilities(meta: pb.WorkerMeta, trace, kinds_seen: set[str], nvml_path: str | None):
+    m = trace.meta
+    caps = []
+
+    def cap(name: str, ok: bool, reason: str) -> None:
+        caps.append(Capability(name, "ok" if ok else "unavailable", "" if ok else reason))
+
+    cap(
+        "device_activity",
+        bool(kinds_seen & {"kernel", "collective", "memcpy", "memset"}),
+        "no GPU kernels or copies in the trace (CPU-only run, or the cuda activity was off)",
+    )
+    cap("shapes", bool(m.get("record_shapes")), "recorded without record_shapes=True")
+    cap("stacks", "python" in kinds_seen, "recorded without with_stack=True")
+    cap("memory", "memory" in kinds_seen, "recorded without profile_memory=True")
+    cap("nvml", nvml_path is not None, "no NVML sample file (nvml_<worker>.csv) beside the trace")
+    cap(
+        "cupti_range_counters",
+        "profiler_range" in kinds_seen,
+        "no cuda_profiler_range events (CUPTI range profiler was off)",
+    )
+    caps.append(Capability("ncu_counters", "unavailable", "no-ncu: run tessera-prof import-ncu"))
+    for c in caps:
+        meta.capabilities.add(name=c.name, status=c.status, reason=c.reason)
+    return caps
+
+
+def _import_worker(
+    worker: str,
+    files: list[str],
+    run_dir: str,
+    steps: set[int] | None,
+    nvml_path: str | None,
+    progress: Progress,
+    warnings: list[str],
+) -> WorkerImport:
+    from tessera_tb.trace.step import KIND_NAMES
+
+    result = WorkerImport(worker=worker, files=files, nvml=nvml_path)
+    samples = nvml_csv.read_nvml_csv(nvml_path) if nvml_path else None
+    strings = StringTable()
+    writer = None
+    kinds_seen: set[str] = set()
+    first_trace = None
+    for span_index, path in enumerate(files):
+        t0 = time.perf_counter()
+        size = os.path.getsize(path)
+        progress(f"{worker}: reading {os.path.basename(path)} ({size / 1e6:.1f} MB)")
+        trace = kineto_decode.read_trace(path)
+        base_ns = int(trace.meta.get("baseTimeNanoseconds") or 0)
+        span = build_span(trace, strings, span_index, base_ns)
+        warnings.extend(span.warnings)
+        if writer is None:
+            first_trace = trace
+            meta = _worker_meta(worker, trace, files)
+            pids = collections.Counter(t.pid for t in span.tracks if t.kind == "host_thread")
+            if pids:
+                pid = pids.most_common(1)[0][0]
+                meta.pid = int(pid) if pid.lstrip("-").isdigit() else 0
+            writer = WorkerWriter(run_dir, meta)
+        written = 0
+        for step in span.steps:
+            kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))
+            if steps is not None and step.step not in steps:
+                continue
+            if step.step in result.steps:
+                raise TraceFormatError(path, f"step {step.step} appears in two files of {worker}")
+            if samples is not None:
+                step.counters = nvml_csv.counters_between(
+                    samples, step.start_ns, step.end_ns, _main_device(step)
+                )
+            writer.write_step(step)
+            result.steps.append(step.step)
+            written += 1
+        result.events += span.event_count
+        result.json_bytes += trace.json_bytes
+        progress(
+            f"{worker}: {os.path.basename(path)}: {span.event_count:,} events, "
+            f"{written} of {len(span.steps)} steps written ({time.perf_counter() - t0:.2f} s)"
+        )
+        del trace, span
+    _capabilities(writer.meta, first_trace, kinds_seen, nvml_path)
+    writer.close()
+    result.bytes_written = writer.bytes_written
+    return result
+
+
+def _nvml_beside(files: list[str], worker: str) -> str | None:
+    for f in files:
+        candidate = os.path.join(os.path.dirname(f), f"nvml_{worker}.csv")
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def import_traces(
+    paths: list[str],
+    logdir: str,
+    run: str | None = None,
+    *,
+    steps: set[int] | None = None,
+    workers: set[str] | None = None,
+    nvml: str | None = None,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+) -> ImportResult:
+    """Import Kineto traces into `<logdir>/<run>`; returns what was written.
+
+    `nvml` names one NVML sample CSV for a single-worker import; otherwise
+    `nvml_<worker>.csv` beside a worker's traces is used when present.
+    Raises ImportFailed with a one-line message; on failure nothing is left behind.
+    """
+    t0 = time.perf_counter()
+    progress = progress or (lambda _msg: None)
+    by_worker = discover(paths)
+    if workers is not None:
+        unknown = workers - set(by_worker)
+        if unknown:
+            raise ImportFailed(
+                f"no trace files for worker(s) {sorted(unknown)}; found {sorted(by_worker)}"
+            )
+        by_worker = {w: f for w, f in by_worker.items() if w in workers}
+    if nvml is not None and len(by_worker) != 1:
+        raise ImportFailed(f"--nvml names one file but {len(by_worker)} workers are imported")
+    if run is None:
+        first = paths[0].rstrip("/")
+        run = os.path.basename(first) if os.path.isdir(first) else worker_of_file(first)[0]
+    try:
+        layout.check_run_name(run)
+    except ValueError as exc:
+        raise ImportFailed(str(exc)) from None
+    dest = os.path.join(logdir, *run.split("/"))
+    if os.path.exists(dest) and not overwrite:
+        raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)")
+    os.makedirs(logdir, exist_ok=True)
+    tmp_root = tempfile.mkdtemp(prefix=".tessera-import-", dir=logdir)
+    warnings: list[str] = []
+    try:
+        tmp_run = os.path.join(tmp_root, "run")
+        os.makedirs(tmp_run)
+        results = []
+        for worker, files in by_worker.items():
+            nvml_path = nvml if nvml is not None else _nvml_beside(files, worker)
+            results.append(
+                _import_worker(worker, files, tmp_run, steps, nvml_path, progress, warnings)
+            )
+        if not any(r.steps for r in results):
+            raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
+        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+        if os.path.exists(dest):
+            os.rename(dest, os.path.join(tmp_root, "replaced"))
+        os.rename(tmp_run, dest)
+    except TraceFormatError as exc:
+        raise ImportFailed(str(exc)) from None
+    finally:
+        shutil.rmtree(tmp_root, ignore_errors=True)
+    return ImportResult(dest, results, time.perf_counter() - t0, warnings)

@@ -1,0 +1,223 @@
+"""Open runs and load steps into columnar form (docs/FORMAT.md).
+
+Opening a run reads each worker's meta.pb only; step files load on demand.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+from google.protobuf.message import DecodeError
+
+from tessera_tb.proto import trace_pb2 as pb
+from tessera_tb.trace import columns, layout
+from tessera_tb.trace.errors import SchemaVersionError, TraceFormatError
+from tessera_tb.trace.schema_version import SCHEMA_MAJOR
+from tessera_tb.trace.step import (
+    ATTR_TYPE_NAMES,
+    EVENT_COLUMNS,
+    FLOW_COLUMNS,
+    Attr,
+    Capability,
+    CounterSeries,
+    StepData,
+    TrackInfo,
+)
+
+_TRACK_KIND_NAMES = {pb.HOST_THREAD: "host_thread", pb.DEVICE_STREAM: "device_stream"}
+
+
+def _check_version(path: str, major: int, minor: int) -> None:
+    if major > SCHEMA_MAJOR:
+        raise SchemaVersionError(
+            path,
+            f"written with schema version {major}.{minor}, newer than this reader's "
+            f"{SCHEMA_MAJOR}.x: upgrade tessera-profiler to read it",
+        )
+    if major == 0:
+        raise TraceFormatError(path, "not a Tessera file (no schema version)")
+
+
+def _read(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as exc:
+        raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+
+
+def read_meta(path: str) -> pb.WorkerMeta:
+    meta = pb.WorkerMeta()
+    try:
+        meta.ParseFromString(_read(path))
+    except DecodeError as exc:
+        raise TraceFormatError(path, f"corrupt worker metadata ({exc})") from None
+    _check_version(path, meta.schema_major, meta.schema_minor)
+    return meta
+
+
+def read_step_file(path: str) -> StepData:
+    """Load one step file into a StepData (epoch-ns times, numpy columns)."""
+    msg = pb.Step()
+    try:
+        msg.ParseFromString(_read(path))
+    except DecodeError as exc:
+        raise TraceFormatError(path, f"corrupt step file ({exc})") from None
+    _check_version(path, msg.schema_major, msg.schema_minor)
+    try:
+        return _step_from_proto(msg, path)
+    except ValueError as exc:
+        raise TraceFormatError(path, f"corrupt step file ({exc})") from None
+
+
+def _step_from_proto(msg: pb.Step, path: str) -> StepData:
+    base = msg.base_ns
+    n = int(msg.events.count)
+    events = {}
+    for name in EVENT_COLUMNS:
+        arr = columns.decode(getattr(msg.events, name), path=path, what=f"events.{name}")
+        if arr.size != n:
+            raise ValueError(f"events.{name} has {arr.size} values for {n} events")
+        events[name] = arr
+    events["start_ns"] = events["start_ns"] + base
+    strings = list(msg.strings)
+    n_strings, n_tracks = len(strings), len(msg.tracks)
+    for name, limit in (("name_id", n_strings), ("cat_id", n_strings), ("track_id", n_tracks)):
+        col = events[name]
+        if col.size and (col.min() < 0 or col.max() >= limit):
+            raise ValueError(f"events.{name} refers past its table")
+    for name in ("parent", "launch"):
+        col = events[name]
+        if col.size and (col.min() < -1 or col.max() >= n):
+            raise ValueError(f"events.{name} refers past the event rows")
+    attrs = []
+    for a in msg.attrs:
+        rows = columns.decode(a.rows, path=path, what=f"attr {a.key!r} rows")
+        values = columns.decode(a.values, path=path, what=f"attr {a.key!r} values")
+        kind = ATTR_TYPE_NAMES.get(a.type)
+        if kind is None or rows.size != values.size or (rows.size and rows.max() >= n):
+            raise ValueError(f"attr {a.key!r} is inconsistent")
+        if kind in ("string", "json") and values.size and values.max() >= n_strings:
+            raise ValueError(f"attr {a.key!r} refers past the string table")
+        attrs.append(Attr(a.key, kind, rows, values))
+    flows = {}
+    if msg.HasField("flows"):
+        for name in FLOW_COLUMNS:
+            flows[name] = columns.decode(getattr(msg.flows, name), path=path, what=f"flows.{name}")
+        flows["ts_ns"] = flows["ts_ns"] + base
+    counters = [
+        CounterSeries(
+            name=c.name,
+            unit=c.unit,
+            source=c.source,
+            device=c.device,
+            ts_ns=columns.decode(c.ts_ns, path=path, what=f"counter {c.name}") + base,
+            values=columns.decode(c.values, path=path, what=f"counter {c.name}"),
+        )
+        for c in msg.counters
+    ]
+    tracks = [
+        TrackInfo(
+            id=t.id,
+            kind=_TRACK_KIND_NAMES.get(t.kind, "track_other"),
+            pid=t.pid,
+            tid=t.tid,
+            device=t.device,
+            stream=t.stream,
+            name=t.name,
+            sort_index=t.sort_index,
+        )
+        for t in msg.tracks
+    ]
+    return StepData(
+        step=msg.step,
+        start_ns=msg.start_ns + base,
+        end_ns=msg.end_ns + base,
+        strings=strings,
+        tracks=tracks,
+        events=events,
+        attrs=attrs,
+        flows=flows,
+        counters=counters,
+        capabilities=[Capability(c.name, c.status, c.reason) for c in msg.capabilities],
+        span_index=msg.span_index,
+    )
+
+
+@dataclass
+class WorkerInfo:
+    """A worker (one process, usually one rank) of a run: its metadata and step index."""
+
+    name: str
+    directory: str
+    meta: pb.WorkerMeta
+
+    @property
+    def rank(self) -> int:
+        return self.meta.rank
+
+    @property
+    def steps(self) -> list[int]:
+        return [e.step for e in self.meta.steps]
+
+    def step_path(self, step: int) -> str:
+        for e in self.meta.steps:
+            if e.step == step:
+                return os.path.join(self.directory, layout.step_file_name(e.step))
+        raise KeyError(f"worker {self.name} has no step {step}")
+
+
+class Run:
+    """A run directory: workers and their steps. Steps are read only when asked for."""
+
+    def __init__(self, path: str, workers: dict[str, WorkerInfo]):
+        self.path = path
+        self.workers = workers
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(os.path.normpath(self.path))
+
+    @property
+    def steps(self) -> list[int]:
+        """Every step number that any worker has, ascending."""
+        return sorted({s for w in self.workers.values() for s in w.steps})
+
+    def worker(self, name: str) -> WorkerInfo:
+        try:
+            return self.workers[name]
+        except KeyError:
+            raise KeyError(f"run {self.path} has no worker {name!r}") from None
+
+    def load_step(self, worker: str, step: int) -> StepData:
+        return read_step_file(self.worker(worker).step_path(step))
+
+    def iter_steps(
+        self, workers: Iterable[str] | None = None, steps: Iterable[int] | None = None
+    ) -> Iterator[tuple[str, StepData]]:
+        """Yield (worker, step) for the chosen workers and steps, loading one file at a time."""
+        wanted = set(steps) if steps is not None else None
+        for name in workers if workers is not None else sorted(self.workers):
+            w = self.worker(name)
+            for s in w.steps:
+                if wanted is None or s in wanted:
+                    yield name, read_step_file(w.step_path(s))
+
+
+def open_run(path: str) -> Run:
+    """Open a run directory: reads each worker's meta.pb, no step file."""
+    pdir = layout.plugin_dir(path)
+    if not os.path.isdir(pdir):
+        raise TraceFormatError(path, "not a Tessera run (no plugins/tessera directory)")
+    workers = {}
+    for name in sorted(os.listdir(pdir)):
+        wdir = os.path.join(pdir, name)
+        meta_path = os.path.join(wdir, layout.META_FILE)
+        if name.startswith(".") or not os.path.isfile(meta_path):
+            continue
+        workers[name] = WorkerInfo(name=name, directory=wdir, meta=read_meta(meta_path))
+    if not workers:
+        raise TraceFormatError(path, "run has no workers (no plugins/tessera/<worker>/meta.pb)")
+    return Run(path, workers)

@@ -1,0 +1,147 @@
+"""Write steps, worker metadata and TensorBoard scalars into a run (docs/FORMAT.md).
+
+Every file is written atomically (temporary file + rename), so a reader never sees half a
+step, and a crash loses at most the step being written.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from tessera_tb import __version__
+from tessera_tb.proto import trace_pb2 as pb
+from tessera_tb.trace import columns, layout
+from tessera_tb.trace.atomic import write_bytes_atomic
+from tessera_tb.trace.schema_version import SCHEMA_MAJOR, SCHEMA_MINOR
+from tessera_tb.trace.step import (
+    ATTR_TYPES,
+    ATTR_VALUE_DTYPES,
+    EVENT_COLUMNS,
+    FLOW_COLUMNS,
+    StepData,
+    canonical_order,
+    reorder,
+)
+
+_TRACK_KINDS = {"host_thread": pb.HOST_THREAD, "device_stream": pb.DEVICE_STREAM}
+
+
+def step_to_proto(step: StepData) -> pb.Step:
+    """Serialise a StepData (rows are put in canonical order first)."""
+    perm = canonical_order(step.events)
+    if not np.array_equal(perm, np.arange(perm.size)):
+        step = reorder(step, perm)
+    ev = step.events
+    starts = ev["start_ns"]
+    base_ns = int(min(step.start_ns, starts.min())) if starts.size else int(step.start_ns)
+
+    msg = pb.Step(
+        schema_major=SCHEMA_MAJOR,
+        schema_minor=SCHEMA_MINOR,
+        step=int(step.step),
+        base_ns=base_ns,
+        start_ns=int(step.start_ns) - base_ns,
+        end_ns=int(step.end_ns) - base_ns,
+        span_index=int(step.span_index),
+    )
+    msg.strings.extend(step.strings)
+    for t in step.tracks:
+        msg.tracks.add(
+            id=t.id,
+            kind=_TRACK_KINDS.get(t.kind, pb.TRACK_OTHER),
+            pid=str(t.pid),
+            tid=str(t.tid),
+            device=int(t.device),
+            stream=int(t.stream),
+            name=t.name,
+            sort_index=int(t.sort_index),
+        )
+    msg.events.count = step.num_events
+    for name, dtype in EVENT_COLUMNS.items():
+        values = ev[name]
+        if name == "start_ns":
+            values = values - base_ns
+        columns.encode(values, dtype, delta=name == "start_ns", out=getattr(msg.events, name))
+    for a in step.attrs:
+        col = msg.attrs.add(key=a.key, type=ATTR_TYPES[a.type])
+        columns.encode(a.rows, "int32", delta=True, out=col.rows)
+        columns.encode(a.values, ATTR_VALUE_DTYPES[a.type], out=col.values)
+    if step.flows:
+        fl = dict(step.flows)
+        fl["ts_ns"] = fl["ts_ns"] - base_ns
+        msg.flows.count = int(fl["flow_id"].size)
+        for name, dtype in FLOW_COLUMNS.items():
+            columns.encode(fl[name], dtype, out=getattr(msg.flows, name))
+    for c in step.counters:
+        cm = msg.counters.add(name=c.name, unit=c.unit, source=c.source, device=int(c.device))
+        columns.encode(np.asarray(c.ts_ns) - base_ns, "int64", delta=True, out=cm.ts_ns)
+        columns.encode(c.values, "float64", out=cm.values)
+    for cap in step.capabilities:
+        msg.capabilities.add(name=cap.name, status=cap.status, reason=cap.reason)
+    return msg
+
+
+def new_worker_meta(worker: str, **fields) -> pb.WorkerMeta:
+    """A WorkerMeta with the schema version, this package's version and the local host."""
+    meta = pb.WorkerMeta(
+        schema_major=SCHEMA_MAJOR,
+        schema_minor=SCHEMA_MINOR,
+        worker=layout.check_worker_name(worker),
+        rank=-1,
+        **fields,
+    )
+    meta.versions["tessera"] = __version__
+    return meta
+
+
+class WorkerWriter:
+    """Writes one worker's step files, its meta.pb and its TensorBoard scalars."""
+
+    def __init__(self, run_dir: str, meta: pb.WorkerMeta, *, scalars: bool = True):
+        self.run_dir = run_dir
+        self.meta = meta
+        self.directory = layout.worker_dir(run_dir, meta.worker)
+        os.makedirs(self.directory, exist_ok=True)
+        self._scalars = None
+        if scalars:
+            from tessera_tb.trace.scalars import ScalarWriter
+
+            self._scalars = ScalarWriter(run_dir, meta.worker)
+        self.bytes_written = 0
+
+    def write_step(self, step: StepData) -> str:
+        """Write one step file and record it in the worker's index; returns its path."""
+        msg = step_to_proto(step)
+        data = msg.SerializeToString()
+        name = layout.step_file_name(int(step.step))
+        path = os.path.join(self.directory, name)
+        write_bytes_atomic(path, data)
+        self.bytes_written += len(data)
+        entries = [e for e in self.meta.steps if e.step != step.step]
+        del self.meta.steps[:]
+        entries.append(
+            pb.StepIndexEntry(
+                step=int(step.step),
+                file=name,
+                start_ns=int(step.start_ns),
+                end_ns=int(step.end_ns),
+                event_count=step.num_events,
+            )
+        )
+        self.meta.steps.extend(sorted(entries, key=lambda e: e.step))
+        if self._scalars is not None:
+            self._scalars.write_step(step)
+        return path
+
+    def write_meta(self) -> str:
+        path = os.path.join(self.directory, layout.META_FILE)
+        write_bytes_atomic(path, self.meta.SerializeToString())
+        return path
+
+    def close(self) -> None:
+        self.write_meta()
+        if self._scalars is not None:
+            self._scalars.close()
+            self._scalars = None
