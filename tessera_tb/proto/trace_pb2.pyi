@@ -210,6 +210,16 @@ class Capability(_message.Message):
     reason: str
     def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class StringTable(_message.Message):
+    __slots__ = ("codec", "count", "data")
+    CODEC_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    codec: Codec
+    count: int
+    data: bytes
+    def __init__(self, codec: _Optional[_Union[Codec, str]] = ..., count: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class Step(_message.Message):
     __slots__ = ("schema_major", "schema_minor", "step", "base_ns", "start_ns", "end_ns", "strings", "tracks", "events", "attrs", "flows", "counters", "capabilities", "span_index")
     SCHEMA_MAJOR_FIELD_NUMBER: _ClassVar[int]
@@ -232,7 +242,7 @@ class Step(_message.Message):
     base_ns: int
     start_ns: int
     end_ns: int
-    strings: _containers.RepeatedScalarFieldContainer[str]
+    strings: StringTable
     tracks: _containers.RepeatedCompositeFieldContainer[Track]
     events: Events
     attrs: _containers.RepeatedCompositeFieldContainer[AttrColumn]
@@ -240,7 +250,7 @@ class Step(_message.Message):
     counters: _containers.RepeatedCompositeFieldContainer[CounterTrack]
     capabilities: _containers.RepeatedCompositeFieldContainer[Capability]
     span_index: int
-    def __init__(self, schema_major: _Optional[int] = ..., schema_minor: _Optional[int] = ..., step: _Optional[int] = ..., base_ns: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., strings: _Optional[_Iterable[str]] = ..., tracks: _Optional[_Iterable[_Union[Track, _Mapping]]] = ..., events: _Optional[_Union[Events, _Mapping]] = ..., attrs: _Optional[_Iterable[_Union[AttrColumn, _Mapping]]] = ..., flows: _Optional[_Union[Flows, _Mapping]] = ..., counters: _Optional[_Iterable[_Union[CounterTrack, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, _Mapping]]] = ..., span_index: _Optional[int] = ...) -> None: ...
+    def __init__(self, schema_major: _Optional[int] = ..., schema_minor: _Optional[int] = ..., step: _Optional[int] = ..., base_ns: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., strings: _Optional[_Union[StringTable, _Mapping]] = ..., tracks: _Optional[_Iterable[_Union[Track, _Mapping]]] = ..., events: _Optional[_Union[Events, _Mapping]] = ..., attrs: _Optional[_Iterable[_Union[AttrColumn, _Mapping]]] = ..., flows: _Optional[_Union[Flows, _Mapping]] = ..., counters: _Optional[_Iterable[_Union[CounterTrack, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, _Mapping]]] = ..., span_index: _Optional[int] = ...) -> None: ...
 
 class DeviceProperties(_message.Message):
     __slots__ = ("id", "name", "total_global_mem_bytes", "compute_major", "compute_minor", "num_sms", "extra_json")

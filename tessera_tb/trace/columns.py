@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import zlib
 
+import msgspec
 import numpy as np
 
 from tessera_tb.proto import trace_pb2 as pb
@@ -20,27 +21,69 @@ _CODES = {dt: code for code, dt in _DTYPES.items()}
 # zlib level 1 compresses the shuffled columns nearly as well as level 6 at a
 # fraction of the time (bench/ingest.py prints bytes per event).
 _ZLIB_LEVEL = 1
+_STRINGS = msgspec.json.Decoder(list[str])
 _MIN_COMPRESS_BYTES = 64
 
 
-def encode(values: np.ndarray, dtype: str, *, delta: bool = False, out: pb.Column) -> None:
-    """Fill `out` with `values` stored as `dtype` (little-endian), delta-coded if asked."""
+def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb.Column) -> None:
+    """Fill `out` with `values` stored as `dtype` (little-endian).
+
+    `delta`: True/False forces difference coding; None (the default) tries both for
+    integer columns and keeps the smaller (offsets and ids shrink, names do not).
+    """
     arr = np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
     out.dtype = _CODES[arr.dtype]
     out.count = arr.size
+    if delta is None and arr.dtype.kind == "i" and arr.size > 2:
+        plain = _pack(arr)
+        diffs = _pack(np.diff(arr, prepend=arr.dtype.type(0)))
+        out.delta = len(diffs[2]) < len(plain[2])
+        out.shuffle, out.codec, out.data = diffs if out.delta else plain
+        return
     if delta and arr.size:
         arr = np.diff(arr, prepend=arr.dtype.type(0))
         out.delta = True
+    out.shuffle, out.codec, out.data = _pack(arr)
+
+
+def _pack(arr: np.ndarray) -> tuple[bool, int, bytes]:
+    """(shuffled, codec, bytes) of an array: byte planes split, then zlib when it pays."""
     width = arr.dtype.itemsize
     raw = arr.view(np.uint8)
-    if width > 1 and arr.size > 1:
+    shuffle = width > 1 and arr.size > 1
+    if shuffle:
         raw = raw.reshape(-1, width).T
-        out.shuffle = True
     data = raw.tobytes()
+    if len(data) >= _MIN_COMPRESS_BYTES:
+        return shuffle, pb.CODEC_ZLIB, zlib.compress(data, _ZLIB_LEVEL)
+    return shuffle, pb.CODEC_NONE, data
+
+
+def encode_strings(strings: list[str], out: pb.StringTable) -> None:
+    data = msgspec.json.encode(strings)
+    out.count = len(strings)
     if len(data) >= _MIN_COMPRESS_BYTES:
         out.codec = pb.CODEC_ZLIB
         data = zlib.compress(data, _ZLIB_LEVEL)
     out.data = data
+
+
+def decode_strings(table: pb.StringTable) -> list[str]:
+    data = table.data
+    if table.codec == pb.CODEC_ZLIB:
+        try:
+            data = zlib.decompress(data)
+        except zlib.error as exc:
+            raise ValueError(f"string table: corrupt compressed data ({exc})") from None
+    if not data:
+        return [""] if table.count <= 1 else []
+    try:
+        strings = _STRINGS.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"string table: {exc}") from None
+    if len(strings) != table.count:
+        raise ValueError(f"string table holds {len(strings)} strings, header says {table.count}")
+    return strings
 
 
 def decode(col: pb.Column, *, path: str = "<memory>", what: str = "column") -> np.ndarray:

@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from tessera_tb.proto import trace_pb2 as pb
@@ -82,16 +83,19 @@ def _step_from_proto(msg: pb.Step, path: str) -> StepData:
             raise ValueError(f"events.{name} has {arr.size} values for {n} events")
         events[name] = arr
     events["start_ns"] = events["start_ns"] + base
-    strings = list(msg.strings)
+    rows = np.arange(n, dtype=np.int64)
+    for ref in ("parent", "launch"):
+        rel = events[ref].astype(np.int64)
+        target = np.where(rel != 0, rows - rel, -1)
+        if target.size and (target.min() < -1 or target.max() >= n):
+            raise ValueError(f"events.{ref} refers past the event rows")
+        events[ref] = target.astype(np.int32)
+    strings = columns.decode_strings(msg.strings)
     n_strings, n_tracks = len(strings), len(msg.tracks)
     for name, limit in (("name_id", n_strings), ("cat_id", n_strings), ("track_id", n_tracks)):
         col = events[name]
         if col.size and (col.min() < 0 or col.max() >= limit):
             raise ValueError(f"events.{name} refers past its table")
-    for name in ("parent", "launch"):
-        col = events[name]
-        if col.size and (col.min() < -1 or col.max() >= n):
-            raise ValueError(f"events.{name} refers past the event rows")
     attrs = []
     for a in msg.attrs:
         rows = columns.decode(a.rows, path=path, what=f"attr {a.key!r} rows")
@@ -106,7 +110,12 @@ def _step_from_proto(msg: pb.Step, path: str) -> StepData:
     if msg.HasField("flows"):
         for name in FLOW_COLUMNS:
             flows[name] = columns.decode(getattr(msg.flows, name), path=path, what=f"flows.{name}")
-        flows["ts_ns"] = flows["ts_ns"] + base
+        frow = flows["row"]
+        if frow.size and (frow.min() < -1 or frow.max() >= n):
+            raise ValueError("flows.row refers past the event rows")
+        bound = frow >= 0
+        anchor = np.where(bound, events["start_ns"][np.maximum(frow, 0)] if n else 0, base)
+        flows["ts_ns"] = flows["ts_ns"] + anchor
     counters = [
         CounterSeries(
             name=c.name,

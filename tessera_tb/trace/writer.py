@@ -46,7 +46,7 @@ def step_to_proto(step: StepData) -> pb.Step:
         end_ns=int(step.end_ns) - base_ns,
         span_index=int(step.span_index),
     )
-    msg.strings.extend(step.strings)
+    columns.encode_strings(step.strings, msg.strings)
     for t in step.tracks:
         msg.tracks.add(
             id=t.id,
@@ -59,18 +59,22 @@ def step_to_proto(step: StepData) -> pb.Step:
             sort_index=int(t.sort_index),
         )
     msg.events.count = step.num_events
+    rows = np.arange(step.num_events, dtype=np.int64)
+    stored = dict(ev)
+    stored["start_ns"] = starts - base_ns
+    for ref in ("parent", "launch"):  # row references stored relative to the row: small numbers
+        stored[ref] = np.where(ev[ref] >= 0, rows - ev[ref], 0)
     for name, dtype in EVENT_COLUMNS.items():
-        values = ev[name]
-        if name == "start_ns":
-            values = values - base_ns
-        columns.encode(values, dtype, delta=name == "start_ns", out=getattr(msg.events, name))
+        columns.encode(stored[name], dtype, out=getattr(msg.events, name))
     for a in step.attrs:
         col = msg.attrs.add(key=a.key, type=ATTR_TYPES[a.type])
         columns.encode(a.rows, "int32", delta=True, out=col.rows)
         columns.encode(a.values, ATTR_VALUE_DTYPES[a.type], out=col.values)
     if step.flows:
         fl = dict(step.flows)
-        fl["ts_ns"] = fl["ts_ns"] - base_ns
+        bound = fl["row"] >= 0
+        anchor = np.where(bound, starts[np.maximum(fl["row"], 0)] if starts.size else 0, base_ns)
+        fl["ts_ns"] = fl["ts_ns"] - anchor
         msg.flows.count = int(fl["flow_id"].size)
         for name, dtype in FLOW_COLUMNS.items():
             columns.encode(fl[name], dtype, out=getattr(msg.flows, name))
