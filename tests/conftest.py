@@ -1,0 +1,42 @@
+"""Shared fixtures: the real traces in ../shared/traces and runs imported from them once."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_TRACES = os.path.join(os.path.dirname(ROOT), "shared", "traces")
+DEMO_RUNS = os.path.join(ROOT, "demo_runs")
+
+
+def shared_trace_files() -> list[str]:
+    files = sorted(glob.glob(os.path.join(SHARED_TRACES, "**", "*.json.gz"), recursive=True))
+    if not files:
+        raise RuntimeError(
+            f"no traces under {SHARED_TRACES}: the tests need ../shared beside the repo"
+        )
+    return files
+
+
+def trace_id(path: str) -> str:
+    return os.path.relpath(path, SHARED_TRACES)
+
+
+@pytest.fixture(scope="session")
+def imported_runs(tmp_path_factory):
+    """Each shared trace file imported on its own: {path: run_dir}. Imported lazily, once."""
+    from tessera_tb.importers.kineto_import import import_traces
+
+    logdir = tmp_path_factory.mktemp("imported")
+    cache: dict[str, str] = {}
+
+    def get(path: str) -> str:
+        if path not in cache:
+            run = trace_id(path).replace("/", "_").replace(".", "_")
+            cache[path] = import_traces([path], str(logdir), run).run_dir
+        return cache[path]
+
+    return get
