@@ -35,6 +35,9 @@ class RawEvent(msgspec.Struct):
     args: dict[str, Any] | None = None
 
 
+# Kineto has written schemaVersion 1 since its first release (2021 traces included).
+KINETO_SCHEMA_MAX = 1
+
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[RawEvent])
 _ANY = msgspec.json.Decoder()
@@ -116,6 +119,13 @@ def decode(path: str, data: bytes) -> RawTrace:
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"not valid JSON ({exc})") from None
         meta = {k: _ANY.decode(v) for k, v in top.items()}
+    version = meta.get("schemaVersion", 1)
+    if not isinstance(version, int) or version > KINETO_SCHEMA_MAX:
+        raise TraceFormatError(
+            path,
+            f"schemaVersion {version} is newer than the Kineto trace formats this importer "
+            f"reads (up to {KINETO_SCHEMA_MAX}): upgrade tessera-profiler",
+        )
     return RawTrace(path=path, events=events, meta=meta, json_bytes=len(data))
 
 

@@ -40,6 +40,8 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
         out.delta = len(diffs[2]) < len(plain[2])
         out.shuffle, out.codec, out.data = diffs if out.delta else plain
         return
+    if delta and arr.dtype.kind != "i":
+        raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
     if delta and arr.size:
         arr = np.diff(arr, prepend=arr.dtype.type(0))
         out.delta = True

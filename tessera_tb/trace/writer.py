@@ -88,12 +88,12 @@ def step_to_proto(step: StepData) -> pb.Step:
 
 
 def new_worker_meta(worker: str, **fields) -> pb.WorkerMeta:
-    """A WorkerMeta with the schema version, this package's version and the local host."""
+    """A WorkerMeta with the schema version and this package's version (rank -1: unknown)."""
+    fields.setdefault("rank", -1)
     meta = pb.WorkerMeta(
         schema_major=SCHEMA_MAJOR,
         schema_minor=SCHEMA_MINOR,
         worker=layout.check_worker_name(worker),
-        rank=-1,
         **fields,
     )
     meta.versions["tessera"] = __version__
