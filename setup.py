@@ -30,7 +30,7 @@ setup(
     extras_require={
         "torch": ["torch"],
         "nvml": ["nvidia-ml-py"],
-        "test": ["pytest>=8", "ruff"],
+        "test": ["pytest>=8", "ruff>=0.17,<0.18"],
     },
     entry_points={
         "console_scripts": ["tessera-prof=tessera.cli.main:main"],

@@ -221,3 +221,45 @@ def test_host_tree_parent_contains_child(imported_runs):
         assert (
             ev["start_ns"][p] + ev["dur_ns"][p] >= ev["start_ns"][rows] + ev["dur_ns"][rows]
         ).all()
+
+
+def _canon(value):
+    if isinstance(value, (list, dict)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+@pytest.mark.parametrize("path", TRACES, ids=trace_id)
+def test_every_argument_of_every_event_survives(path, imported_runs):
+    """Memory events, CUPTI range-profiler counters, launch configs, shapes: all args."""
+    with gzip.open(path, "rt") as f:
+        events = json.load(f)["traceEvents"]
+    want = collections.Counter()
+    for e in events:
+        if e.get("ph") not in ("X", "i"):
+            continue
+        for key, value in (e.get("args") or {}).items():
+            if value is None:
+                continue  # a null argument is stored as absent
+            key = {"external id": "External id"}.get(key, key)
+            if key in ("External id", "correlation") and value == 0:
+                continue  # these become columns where 0 means "none", as in Kineto
+            want[e.get("cat", ""), e["name"], key, _canon(value)] += 1
+    got = collections.Counter()
+    for step in _steps(imported_runs(path)):
+        ev = step.events
+        names = step.string_values(ev["name_id"])
+        cats = step.string_values(ev["cat_id"])
+        for a in step.attrs:
+            values = step.attr(a.key)
+            for row, value in zip(values.index.tolist(), values.tolist()):
+                if a.type == "json":  # lists, and keys whose values mix types (AMD's "stream")
+                    value = json.loads(value)
+                got[cats[row], names[row], a.key, _canon(value)] += 1
+        for column, key in (("correlation", "correlation"), ("external_id", "External id")):
+            for row in np.flatnonzero(ev[column] != 0).tolist():
+                got[cats[row], names[row], key, int(ev[column][row])] += 1
+    missing, extra = want - got, got - want
+    assert not missing and not extra, (list(missing.items())[:3], list(extra.items())[:3])
