@@ -262,6 +262,10 @@ def _import_worker(
                 step.counters = nvml_csv.counters_between(
                     samples, step.start_ns, step.end_ns, _main_device(step)
                 )
+                if not step.counters:
+                    step.capabilities.append(
+                        Capability("nvml", "unavailable", "no NVML samples inside the step")
+                    )
             writer.write_step(step)
             result.steps.append(step.step)
             written += 1
@@ -284,6 +288,30 @@ def _nvml_beside(files: list[str], worker: str) -> str | None:
         if os.path.isfile(candidate):
             return candidate
     return None
+
+
+def _swap_into_place(new: str, dest: str, parking: str) -> None:
+    """Rename `new` to `dest`; an existing `dest` is parked first and put back on failure."""
+    if not os.path.exists(dest):
+        os.rename(new, dest)
+        return
+    os.rename(dest, parking)
+    try:
+        os.rename(new, dest)
+    except OSError:
+        os.rename(parking, dest)
+        raise
+
+
+def _remove_empty_dirs(path: str, stop: str) -> None:
+    stop = os.path.abspath(stop)
+    path = os.path.abspath(path)
+    while path != stop and path.startswith(stop + os.sep):
+        try:
+            os.rmdir(path)
+        except OSError:
+            return
+        path = os.path.dirname(path)
 
 
 def import_traces(
@@ -325,8 +353,11 @@ def import_traces(
     dest = os.path.join(logdir, *run.split("/"))
     if os.path.exists(dest) and not overwrite:
         raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)")
-    os.makedirs(logdir, exist_ok=True)
-    tmp_root = tempfile.mkdtemp(prefix=".tessera-import-", dir=logdir)
+    parent = os.path.dirname(dest)
+    made_parent = not os.path.isdir(parent)
+    os.makedirs(parent, exist_ok=True)
+    # Built beside its destination (same file system), hidden from run discovery.
+    tmp_root = tempfile.mkdtemp(prefix=".tessera-import-", dir=parent)
     warnings: list[str] = []
     try:
         tmp_run = os.path.join(tmp_root, "run")
@@ -339,12 +370,11 @@ def import_traces(
             )
         if not any(r.steps for r in results):
             raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        if os.path.exists(dest):
-            os.rename(dest, os.path.join(tmp_root, "replaced"))
-        os.rename(tmp_run, dest)
+        _swap_into_place(tmp_run, dest, os.path.join(tmp_root, "replaced"))
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
+        if made_parent and not os.path.exists(dest):
+            _remove_empty_dirs(parent, stop=logdir)
     return ImportResult(dest, results, time.perf_counter() - t0, warnings)

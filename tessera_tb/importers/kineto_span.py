@@ -226,6 +226,8 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
 
     # Steps.
     step_rows = _step_marker_rows(names, cat_id, strings, is_x)
+    # Before 2022 step markers were "Operator" events like any op: they are annotations.
+    kind[[r for _, r in step_rows]] = KIND["annotation"]
     if step_rows:
         step_numbers = np.array([num for num, _ in step_rows], dtype=np.int64)
         rows = np.array([r for _, r in step_rows], dtype=np.int64)
@@ -254,7 +256,15 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         span_end[i] = max(span_end[i], span_start[i])
 
     flows, flow_warn = _build_flows(
-        [events[i] for i in idx_flows], strings, tracks, start_ns, dur_ns, track_id, base_ns, path
+        [events[i] for i in idx_flows],
+        strings,
+        tracks,
+        start_ns,
+        dur_ns,
+        track_id,
+        parent,
+        base_ns,
+        path,
     )
     if flow_warn:
         warnings.append(flow_warn)
@@ -518,6 +528,7 @@ def _build_flows(
     start_ns,
     dur_ns,
     track_id,
+    parent,
     base_ns: int,
     path: str,
 ):
@@ -535,24 +546,30 @@ def _build_flows(
     }
     if not m or not start_ns.size:
         return flows, ""
-    # Bind each point to the innermost event on its track that starts at its ts, else to
-    # the last event that started before it and still runs (Chrome's enclosing slice).
+    # Bind each point to the enclosing slice on its track (Chrome's rule): the innermost
+    # event that contains its ts. Rows sorted by (track, start, longer first) make the last
+    # event starting at or before ts the innermost candidate; when that one has already
+    # ended, its ancestors in the host tree are the next candidates.
+    end_ns = start_ns + dur_ns
     order = np.lexsort((-dur_ns, start_ns, track_id))
     s_track, s_start = track_id[order], start_ns[order]
-    s_end = s_start + dur_ns[order]
     f_track, f_ts = flows["track_id"], flows["ts_ns"]
     for t in np.unique(f_track):
         lo, hi = np.searchsorted(s_track, [t, t + 1])
         sel = np.flatnonzero(f_track == t)
         if lo == hi:
             continue
-        starts = s_start[lo:hi]
-        pos = np.searchsorted(starts, f_ts[sel], side="right") - 1
-        ok = pos >= 0
-        cand = np.maximum(pos, 0)
-        ok &= s_end[lo:hi][cand] >= f_ts[sel]
-        flows["row"][sel[ok]] = order[lo:hi][cand[ok]]
-    unresolved = int((flows["row"] < 0).sum())
+        pos = np.searchsorted(s_start[lo:hi], f_ts[sel], side="right") - 1
+        found = pos >= 0
+        flows["row"][sel[found]] = order[lo:hi][pos[found]]
+    row = flows["row"]
+    bound = np.flatnonzero(row >= 0)
+    for i in bound[end_ns[row[bound]] < f_ts[bound]].tolist():
+        r = int(row[i])
+        while r >= 0 and end_ns[r] < flows["ts_ns"][i]:
+            r = int(parent[r])
+        row[i] = r
+    unresolved = int((row < 0).sum())
     warn = f"{path}: {unresolved} of {m} flow points bind to no event" if unresolved else ""
     return flows, warn
 

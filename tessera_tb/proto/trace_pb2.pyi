@@ -285,18 +285,16 @@ class ProcessGroup(_message.Message):
     def __init__(self, name: _Optional[str] = ..., desc: _Optional[str] = ..., backend_config: _Optional[str] = ..., size: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepIndexEntry(_message.Message):
-    __slots__ = ("step", "file", "start_ns", "end_ns", "event_count")
+    __slots__ = ("step", "start_ns", "end_ns", "event_count")
     STEP_FIELD_NUMBER: _ClassVar[int]
-    FILE_FIELD_NUMBER: _ClassVar[int]
     START_NS_FIELD_NUMBER: _ClassVar[int]
     END_NS_FIELD_NUMBER: _ClassVar[int]
     EVENT_COUNT_FIELD_NUMBER: _ClassVar[int]
     step: int
-    file: str
     start_ns: int
     end_ns: int
     event_count: int
-    def __init__(self, step: _Optional[int] = ..., file: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
+    def __init__(self, step: _Optional[int] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., event_count: _Optional[int] = ...) -> None: ...
 
 class WorkerMeta(_message.Message):
     __slots__ = ("schema_major", "schema_minor", "worker", "host", "pid", "rank", "world_size", "devices", "clock_base_ns", "versions", "process_groups", "backend", "sources", "source_format", "trace_meta_json", "steps", "capabilities", "origin")

@@ -57,7 +57,9 @@ def _pack(arr: np.ndarray) -> tuple[bool, int, bytes]:
         raw = raw.reshape(-1, width).T
     data = raw.tobytes()
     if len(data) >= _MIN_COMPRESS_BYTES:
-        return shuffle, pb.CODEC_ZLIB, zlib.compress(data, _ZLIB_LEVEL)
+        packed = zlib.compress(data, _ZLIB_LEVEL)
+        if len(packed) < len(data):
+            return shuffle, pb.CODEC_ZLIB, packed
     return shuffle, pb.CODEC_NONE, data
 
 
@@ -65,8 +67,10 @@ def encode_strings(strings: list[str], out: pb.StringTable) -> None:
     data = msgspec.json.encode(strings)
     out.count = len(strings)
     if len(data) >= _MIN_COMPRESS_BYTES:
-        out.codec = pb.CODEC_ZLIB
-        data = zlib.compress(data, _ZLIB_LEVEL)
+        packed = zlib.compress(data, _ZLIB_LEVEL)
+        if len(packed) < len(data):
+            out.codec = pb.CODEC_ZLIB
+            data = packed
     out.data = data
 
 
@@ -78,7 +82,9 @@ def decode_strings(table: pb.StringTable) -> list[str]:
         except zlib.error as exc:
             raise ValueError(f"string table: corrupt compressed data ({exc})") from None
     if not data:
-        return [""] if table.count <= 1 else []
+        if table.count:
+            raise ValueError(f"string table is empty, header says {table.count} strings")
+        return []
     try:
         strings = _STRINGS.decode(data)
     except msgspec.DecodeError as exc:

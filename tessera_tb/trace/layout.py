@@ -16,19 +16,14 @@ import re
 PLUGIN_NAME = "tessera"
 PLUGIN_SUBDIR = os.path.join("plugins", PLUGIN_NAME)
 META_FILE = "meta.pb"
-STEP_FILE_RE = re.compile(r"^step_(-?\d{8,})\.pb$")
 
 _WORKER_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _UNSAFE_WORKER_CHARS = re.compile(r"[^A-Za-z0-9._-]+")
 
 
 def step_file_name(step: int) -> str:
-    return f"step_{step:08d}.pb"
-
-
-def parse_step_file_name(name: str) -> int | None:
-    m = STEP_FILE_RE.match(name)
-    return int(m.group(1)) if m else None
+    """`step_00000012.pb`; a negative step number keeps its sign in front of 8 digits."""
+    return f"step_{'-' if step < 0 else ''}{abs(step):08d}.pb"
 
 
 def check_run_name(run: str) -> str:

@@ -20,6 +20,7 @@ from tessera_tb.trace.step import (
     ATTR_TYPE_NAMES,
     EVENT_COLUMNS,
     FLOW_COLUMNS,
+    KIND,
     Attr,
     Capability,
     CounterSeries,
@@ -87,46 +88,51 @@ def _step_from_proto(msg: pb.Step, path: str) -> StepData:
     for ref in ("parent", "launch"):
         rel = events[ref].astype(np.int64)
         target = np.where(rel != 0, rows - rel, -1)
-        if target.size and (target.min() < -1 or target.max() >= n):
-            raise ValueError(f"events.{ref} refers past the event rows")
+        _check_ids(target[target != -1], n, f"events.{ref}")
         events[ref] = target.astype(np.int32)
     strings = columns.decode_strings(msg.strings)
     n_strings, n_tracks = len(strings), len(msg.tracks)
+    for position, t in enumerate(msg.tracks):
+        if t.id != position:
+            raise ValueError(f"track {position} has id {t.id}")
     for name, limit in (("name_id", n_strings), ("cat_id", n_strings), ("track_id", n_tracks)):
-        col = events[name]
-        if col.size and (col.min() < 0 or col.max() >= limit):
-            raise ValueError(f"events.{name} refers past its table")
+        _check_ids(events[name], limit, f"events.{name}")
+    _check_ids(events["kind"], len(KIND), "events.kind")
     attrs = []
     for a in msg.attrs:
         rows = columns.decode(a.rows, path=path, what=f"attr {a.key!r} rows")
         values = columns.decode(a.values, path=path, what=f"attr {a.key!r} values")
         kind = ATTR_TYPE_NAMES.get(a.type)
-        if kind is None or rows.size != values.size or (rows.size and rows.max() >= n):
-            raise ValueError(f"attr {a.key!r} is inconsistent")
-        if kind in ("string", "json") and values.size and values.max() >= n_strings:
-            raise ValueError(f"attr {a.key!r} refers past the string table")
+        if kind is None or rows.size != values.size:
+            raise ValueError(f"attr {a.key!r} has an unknown type or mismatched lengths")
+        _check_ids(rows, n, f"attr {a.key!r} rows")
+        if rows.size > 1 and (np.diff(rows) <= 0).any():
+            raise ValueError(f"attr {a.key!r} rows are not ascending")
+        if kind in ("string", "json"):
+            _check_ids(values, n_strings, f"attr {a.key!r} values")
         attrs.append(Attr(a.key, kind, rows, values))
     flows = {}
     if msg.HasField("flows"):
         for name in FLOW_COLUMNS:
             flows[name] = columns.decode(getattr(msg.flows, name), path=path, what=f"flows.{name}")
+            if flows[name].size != msg.flows.count:
+                raise ValueError(
+                    f"flows.{name} has {flows[name].size} values for {msg.flows.count}"
+                )
+        _check_ids(flows["track_id"], n_tracks, "flows.track_id")
+        _check_ids(flows["cat_id"], n_strings, "flows.cat_id")
         frow = flows["row"]
-        if frow.size and (frow.min() < -1 or frow.max() >= n):
-            raise ValueError("flows.row refers past the event rows")
+        _check_ids(frow[frow != -1], n, "flows.row")
         bound = frow >= 0
         anchor = np.where(bound, events["start_ns"][np.maximum(frow, 0)] if n else 0, base)
         flows["ts_ns"] = flows["ts_ns"] + anchor
-    counters = [
-        CounterSeries(
-            name=c.name,
-            unit=c.unit,
-            source=c.source,
-            device=c.device,
-            ts_ns=columns.decode(c.ts_ns, path=path, what=f"counter {c.name}") + base,
-            values=columns.decode(c.values, path=path, what=f"counter {c.name}"),
-        )
-        for c in msg.counters
-    ]
+    counters = []
+    for c in msg.counters:
+        ts = columns.decode(c.ts_ns, path=path, what=f"counter {c.name}") + base
+        values = columns.decode(c.values, path=path, what=f"counter {c.name}")
+        if ts.size != values.size:
+            raise ValueError(f"counter {c.name!r} has {ts.size} times for {values.size} values")
+        counters.append(CounterSeries(c.name, c.unit, c.source, c.device, ts, values))
     tracks = [
         TrackInfo(
             id=t.id,
@@ -153,6 +159,11 @@ def _step_from_proto(msg: pb.Step, path: str) -> StepData:
         capabilities=[Capability(c.name, c.status, c.reason) for c in msg.capabilities],
         span_index=msg.span_index,
     )
+
+
+def _check_ids(ids: np.ndarray, limit: int, what: str) -> None:
+    if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= limit):
+        raise ValueError(f"{what} refers outside its table (0..{limit - 1})")
 
 
 @dataclass

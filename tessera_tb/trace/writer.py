@@ -47,7 +47,9 @@ def step_to_proto(step: StepData) -> pb.Step:
         span_index=int(step.span_index),
     )
     columns.encode_strings(step.strings, msg.strings)
-    for t in step.tracks:
+    for position, t in enumerate(step.tracks):
+        if t.id != position:
+            raise ValueError(f"track {t.name!r} has id {t.id} at position {position}")
         msg.tracks.add(
             id=t.id,
             kind=_TRACK_KINDS.get(t.kind, pb.TRACK_OTHER),
@@ -128,13 +130,14 @@ class WorkerWriter:
         entries.append(
             pb.StepIndexEntry(
                 step=int(step.step),
-                file=name,
                 start_ns=int(step.start_ns),
                 end_ns=int(step.end_ns),
                 event_count=step.num_events,
             )
         )
         self.meta.steps.extend(sorted(entries, key=lambda e: e.step))
+        # The index is rewritten with every step, so a crash loses at most the step in flight.
+        self.write_meta()
         if self._scalars is not None:
             self._scalars.write_step(step)
         return path

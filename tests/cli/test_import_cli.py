@@ -91,3 +91,18 @@ def test_worker_metadata_carries_rank_devices_versions_and_groups(tmp_path):
     assert list(meta.process_groups[0].ranks) == [0, 1]
     assert meta.clock_base_ns == 1790857026000000000
     assert [os.path.sep in s for s in meta.sources] == [False]
+
+
+def test_nested_run_name_is_built_beside_its_destination(tmp_path):
+    proc = _cli(GPT, "--logdir", str(tmp_path), "--run", "group/exp1", "-q")
+    assert proc.returncode == 0, proc.stderr
+    assert open_run(str(tmp_path / "group" / "exp1")).steps == [4, 5]
+    assert os.listdir(tmp_path / "group") == ["exp1"]  # no hidden leftovers
+
+
+def test_failed_nested_import_leaves_no_empty_parent(tmp_path):
+    bad = tmp_path / "w.1.pt.trace.json"
+    bad.write_text("{}")
+    proc = _cli(str(bad), "--logdir", str(tmp_path / "logs"), "--run", "a/b/c", "-q")
+    assert proc.returncode == 2
+    assert os.listdir(tmp_path / "logs") == []

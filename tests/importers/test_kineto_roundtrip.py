@@ -174,6 +174,10 @@ def test_steps_follow_the_profiler_step_markers_and_tile(path, imported_runs, ex
         assert cur.start_ns >= prev.end_ns
     for s in steps:
         assert s.end_ns > s.start_ns
+        names = s.string_values(s.events["name_id"])
+        if markers:  # the marker is an annotation in every format, never an op
+            marker = np.flatnonzero(names == f"ProfilerStep#{s.step}")
+            assert KIND["annotation"] in s.events["kind"][marker]
         # A step ends no earlier than the device work launched inside it.
         ev = s.events
         launched = ev["launch"] >= 0

@@ -1,0 +1,93 @@
+"""The binding and nesting rules on small hand-made traces whose answers are counted by hand."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from tessera_tb.importers.kineto_decode import decode
+from tessera_tb.importers.kineto_span import StringTable, build_span
+
+
+def _span(events: list[dict]):
+    trace = decode("hand.json", json.dumps({"traceEvents": events}).encode())
+    return build_span(trace, StringTable(), 0, 0)
+
+
+def _x(name, ts, dur, cat="cpu_op", tid=1, **args):
+    return {
+        "ph": "X",
+        "cat": cat,
+        "name": name,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "dur": dur,
+        "args": args,
+    }
+
+
+def test_flow_point_binds_to_the_enclosing_slice_not_the_last_one_started():
+    # A [0,100] contains B [10,20]; a point at 50 is inside A only.
+    (step,) = _span(
+        [
+            _x("A", 0, 100),
+            _x("B", 10, 10),
+            {"ph": "s", "cat": "fwdbwd", "name": "fwdbwd", "id": 1, "pid": 1, "tid": 1, "ts": 50},
+            {
+                "ph": "f",
+                "cat": "fwdbwd",
+                "name": "fwdbwd",
+                "id": 1,
+                "pid": 1,
+                "tid": 1,
+                "ts": 15,
+                "bp": "e",
+            },
+        ]
+    ).steps
+    names = step.string_values(step.events["name_id"])
+    bound = dict(zip(step.flows["phase"].tolist(), names[step.flows["row"]].tolist()))
+    assert bound == {0: "A", 2: "B"}
+
+
+def test_equal_intervals_nest_under_the_lower_external_id():
+    (step,) = _span(
+        [_x("outer", 0, 10, **{"External id": 5}), _x("inner", 0, 10, **{"External id": 7})]
+    ).steps
+    names = step.string_values(step.events["name_id"]).tolist()
+    parent = step.events["parent"]
+    assert names[parent[names.index("inner")]] == "outer"
+    assert parent[names.index("outer")] == -1
+
+
+def test_partial_overlap_is_not_nesting():
+    (step,) = _span([_x("A", 0, 10), _x("B", 5, 10)]).steps
+    assert (step.events["parent"] == -1).all()
+
+
+def test_kernel_belongs_to_the_step_of_its_launch_even_when_it_runs_later():
+    events = [
+        _x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        _x("ProfilerStep#2", 100, 100, cat="user_annotation"),
+        _x("cudaLaunchKernel", 90, 5, cat="cuda_runtime", correlation=3),
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": 120,
+            "dur": 30,
+            "args": {"correlation": 3, "device": 0, "stream": 7},
+        },
+    ]
+    s1, s2 = _span(events).steps
+    assert "k" in s1.string_values(s1.events["name_id"]).tolist()
+    # step 1 ends when its kernel ends; step 2 starts there (steps tile, METRICS.md)
+    assert (s1.start_ns, s1.end_ns) == (0, 150_000)
+    assert (s2.start_ns, s2.end_ns) == (150_000, 200_000)
+    kernel_row = int(np.flatnonzero(s1.events["launch"] >= 0)[0])
+    launch = s1.events["launch"][kernel_row]
+    assert s1.string_values(s1.events["name_id"])[launch] == "cudaLaunchKernel"
