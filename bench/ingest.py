@@ -1,0 +1,618 @@
+"""Ingest benchmark: Tessera import vs HTA load vs a bare json.load, side by side.
+
+    /work/venv/bin/python bench/ingest.py [--quick] [--skip-hta] [--repeat N] [--cprofile]
+
+Inputs: every *.json.gz under <repo>/../shared/traces, a 10x scaled copy of the
+single-GPU trace and a one-step copy of it holding ~600k events (bench/scale_trace.py;
+generated into bench/out/scaled/ when missing or older than the scaler).
+
+Each measurement runs in its own fresh subprocess, timed after the libraries are
+imported; peak RSS is the child's own `ru_maxrss` (it includes the imported libraries,
+whose cost is printed separately). The script only reports: it exits 0 even when a goal
+is missed, and prints MISSED next to it.
+
+This file is also the measuring child (`--child TOOL PATH`), so it imports only the
+standard library at module level: the HTA child runs it under HTA's own venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(BENCH)
+TRACES = os.path.normpath(os.path.join(REPO, "..", "shared", "traces"))
+OUT = os.path.join(BENCH, "out")
+SCALED = os.path.join(OUT, "scaled")
+HTA_VENV = os.path.join(OUT, "hta-venv")
+HTA_PYTHON = os.path.join(HTA_VENV, "bin", "python")
+SCALER = os.path.join(BENCH, "scale_trace.py")
+SINGLE_GPU = "pytorch/gpt_1gpu_stack"
+ONE_STEP_FACTOR = 52  # 52 x 11,404 events of the single-GPU trace ~ 590k events
+
+# Goals (from the issue): Tessera import >= 5x faster than HTA, peak RSS <= 0.5x HTA's,
+# run on disk <= 50% of the gzipped JSON.
+GOAL_SPEEDUP = 5.0
+GOAL_RSS_RATIO = 0.5
+GOAL_DISK_RATIO = 0.5
+
+RESULT_MARK = "INGEST_RESULT "
+
+
+# --------------------------------------------------------------------------- child side
+
+
+def _rss_now_mb() -> float:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+    except OSError:
+        return float("nan")
+
+
+def _peak_rss_mb() -> float:
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6
+
+
+class _GcWatch:
+    """Counts the collector's passes and the time they take (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        import gc
+
+        self.passes = 0
+        self.seconds = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.passes += 1
+            self.seconds += time.perf_counter() - self._t0
+
+
+def _dir_bytes(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        total += sum(os.path.getsize(os.path.join(root, f)) for f in files)
+    return total
+
+
+def _child_tessera(path: str, workdir: str) -> dict:
+    t0 = time.perf_counter()
+    from tessera_tb.importers.kineto_import import import_traces
+
+    import_s = time.perf_counter() - t0
+    rss_base = _rss_now_mb()
+    logdir = os.path.join(workdir, "logdir")
+    modules_before = set(sys.modules)
+    gc_watch = _GcWatch()
+    t0 = time.perf_counter()
+    result = import_traces([path], logdir, "bench")
+    wall = time.perf_counter() - t0
+    peak = _peak_rss_mb()
+    # Modules the importer pulls in lazily are part of its wall time, as in the CLI.
+    new_modules = set(sys.modules) - modules_before
+    lazy = sorted({m.split(".")[0] for m in new_modules} - {"tessera_tb"})
+    return {
+        "gc_passes": gc_watch.passes,
+        "gc_s": gc_watch.seconds,
+        "lazy_modules": len(new_modules),
+        "lazy_packages": lazy,
+        "wall_s": wall,
+        "peak_rss_mb": peak,
+        "import_s": import_s,
+        "base_rss_mb": rss_base,
+        "events": result.events,
+        "json_bytes": result.json_bytes,
+        "bytes_written": result.bytes_written,
+        "disk_bytes": _dir_bytes(result.run_dir),
+        "steps": sum(len(w.steps) for w in result.workers),
+    }
+
+
+def _child_hta(path: str, workdir: str) -> dict:
+    import logging
+
+    t0 = time.perf_counter()
+    import hta.common.trace as hta_trace
+    from hta.trace_analysis import TraceAnalysis
+
+    import_s = time.perf_counter() - t0
+    logging.disable(logging.WARNING)  # HTA logs a warning per parse stage
+    # HTA wants a directory of per-rank files.
+    trace_dir = os.path.join(workdir, "trace_dir")
+    os.makedirs(trace_dir)
+    os.symlink(os.path.abspath(path), os.path.join(trace_dir, os.path.basename(path)))
+    # Count the rows HTA's parser produced, before its step filter (wrapping the module
+    # function the loader calls; costs one len()).
+    parsed_rows: list[int] = []
+    parse = hta_trace.parse_trace_file
+
+    def counting_parse(*args, **kwargs):
+        out = parse(*args, **kwargs)
+        parsed_rows.append(len(out[1]))
+        return out
+
+    hta_trace.parse_trace_file = counting_parse
+    rss_base = _rss_now_mb()
+    gc_watch = _GcWatch()
+    t0 = time.perf_counter()
+    # include_last_profiler_step=True: the default (False) drops the host events of the
+    # last ProfilerStep and the kernels they launched; we want every event loaded.
+    analyzer = TraceAnalysis(trace_dir=trace_dir, include_last_profiler_step=True)
+    wall = time.perf_counter() - t0
+    peak = _peak_rss_mb()
+    rows = sum(len(df) for df in analyzer.t.traces.values())
+    return {
+        "gc_passes": gc_watch.passes,
+        "gc_s": gc_watch.seconds,
+        "wall_s": wall,
+        "peak_rss_mb": peak,
+        "import_s": import_s,
+        "base_rss_mb": rss_base,
+        "rows": rows,
+        "parsed_rows": sum(parsed_rows),
+        "ranks": sorted(analyzer.t.traces),
+    }
+
+
+def _child_json(path: str, workdir: str) -> dict:
+    import gc
+    import gzip
+
+    with open(path, "rb") as f:
+        data = f.read()
+    t0 = time.perf_counter()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    gunzip_s = time.perf_counter() - t0
+    rss_base = _rss_now_mb()
+    gc.disable()
+    t0 = time.perf_counter()
+    trace = json.loads(data)  # what json.load(binary file) does after its read()
+    wall = time.perf_counter() - t0
+    peak = _peak_rss_mb()
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    return {
+        "wall_s": wall,
+        "peak_rss_mb": peak,
+        "import_s": 0.0,
+        "base_rss_mb": rss_base,
+        "gunzip_s": gunzip_s,
+        "trace_events": len(events),
+        "json_bytes": len(data),
+    }
+
+
+def _child_cprofile(path: str, workdir: str) -> dict:
+    import cProfile
+    import io
+    import pstats
+
+    from tessera_tb.importers.kineto_import import import_traces
+
+    prof = cProfile.Profile()
+    prof.enable()
+    import_traces([path], os.path.join(workdir, "logdir"), "bench")
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(20)
+    return {"report": text.getvalue()}
+
+
+_CHILDREN = {
+    "tessera": _child_tessera,
+    "hta": _child_hta,
+    "json": _child_json,
+    "cprofile": _child_cprofile,
+}
+
+
+def child_main(tool: str, path: str) -> int:
+    workdir = tempfile.mkdtemp(prefix=f"ingest-{tool}-", dir=OUT)
+    try:
+        result = _CHILDREN[tool](path, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(RESULT_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- parent side
+
+
+@dataclass
+class Input:
+    label: str
+    path: str
+    results: dict[str, dict] = field(default_factory=dict)  # tool -> median result
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _short_label(rel: str) -> str:
+    parts = rel.split("/")
+    name = re.sub(r"(\.pt\.trace)?\.json(\.gz)?$", "", parts[-1])
+    name = re.sub(r"\.\d{13,}$", "", name)  # tensorboard_trace_handler's ns suffix
+    parent = parts[-2] if len(parts) > 1 else ""
+    return f"{parent}/{name}" if parent else name
+
+
+def shared_inputs() -> list[Input]:
+    found = []
+    for root, _dirs, files in os.walk(TRACES):
+        for f in files:
+            if f.endswith(".json.gz"):
+                found.append(os.path.join(root, f))
+    inputs = []
+    seen: dict[str, int] = {}
+    for path in sorted(found):
+        rel = os.path.relpath(path, TRACES)
+        label = _short_label(rel)
+        seen[label] = seen.get(label, 0) + 1
+        inputs.append(Input(label, path))
+    for inp in inputs:  # two spans of one worker: tell them apart by their file name
+        if seen[inp.label] > 1:
+            base = os.path.basename(inp.path)
+            inp.label = f"{inp.label.rsplit('/', 1)[0]}/{base.split('.pt.trace')[0]}"
+    return inputs
+
+
+def single_gpu_trace() -> str:
+    folder = os.path.join(TRACES, SINGLE_GPU)
+    names = sorted(
+        f for f in os.listdir(folder) if re.match(r"worker0\..*\.pt\.trace\.json\.gz$", f)
+    )
+    if not names:
+        sys.exit(f"no worker0.*.pt.trace.json.gz in {folder}")
+    return os.path.join(folder, names[0])
+
+
+def scaled_input(label: str, factor: int, one_step: bool) -> Input:
+    """The scaled copy, generated when missing or older than its source or the scaler."""
+    src = single_gpu_trace()
+    variant = f"x{factor}" + ("-one-step" if one_step else "")
+    # Same file name as the source, in a folder per variant: it still reads as worker0.
+    dest = os.path.join(SCALED, variant, os.path.basename(src))
+    newest_input = max(os.path.getmtime(src), os.path.getmtime(SCALER))
+    if not os.path.exists(dest) or os.path.getmtime(dest) < newest_input:
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        tmp = os.path.join(os.path.dirname(dest), ".partial.json.gz")  # .gz: the scaler gzips
+        cmd = [sys.executable, SCALER, src, tmp, "--factor", str(factor)]
+        if one_step:
+            cmd.append("--one-step")
+        print(f"generating {os.path.relpath(dest, REPO)} ...", flush=True)
+        subprocess.run(cmd, check=True)
+        os.replace(tmp, dest)
+    return Input(label, dest)
+
+
+def ensure_hta_venv() -> None:
+    probe = [HTA_PYTHON, "-c", "import hta.trace_analysis"]
+    if os.path.exists(HTA_PYTHON) and subprocess.run(probe, capture_output=True).returncode == 0:
+        return
+    print(
+        f"creating HTA's venv at {os.path.relpath(HTA_VENV, REPO)} (one-time; HTA pins its "
+        "own dependency versions, so it is kept apart from the project's venv) ...",
+        flush=True,
+    )
+    steps = [
+        [sys.executable, "-m", "venv", "--clear", HTA_VENV],
+        [HTA_PYTHON, "-m", "pip", "install", "-q", "holistictraceanalysis"],
+    ]
+    for cmd in steps:
+        print(
+            "  $ " + " ".join(os.path.relpath(c, REPO) if c.startswith(REPO) else c for c in cmd),
+            flush=True,
+        )
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.exit(f"failed ({proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    version = subprocess.run(
+        [HTA_PYTHON, "-m", "pip", "show", "holistictraceanalysis"], capture_output=True, text=True
+    ).stdout
+    line = next((x for x in version.splitlines() if x.startswith("Version:")), "Version: ?")
+    print(f"  installed holistictraceanalysis {line.split(':', 1)[1].strip()}", flush=True)
+
+
+def run_child(tool: str, path: str) -> dict:
+    python = HTA_PYTHON if tool == "hta" else sys.executable
+    proc = subprocess.run(
+        [python, os.path.abspath(__file__), "--child", tool, path],
+        capture_output=True,
+        text=True,
+        cwd=OUT,
+    )
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARK):
+            return json.loads(line[len(RESULT_MARK) :])
+    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+    raise RuntimeError(f"exit {proc.returncode}: {tail[:200]}")
+
+
+def measure(inp: Input, tool: str, repeat: int) -> None:
+    runs = []
+    try:
+        for _ in range(repeat):
+            runs.append(run_child(tool, inp.path))
+    except RuntimeError as exc:
+        inp.errors[tool] = str(exc)
+        return
+    med = dict(runs[0])
+    for key in ("wall_s", "peak_rss_mb", "import_s", "base_rss_mb", "gc_s"):
+        if key in med:
+            med[key] = statistics.median(r[key] for r in runs)
+    inp.results[tool] = med
+
+
+# --------------------------------------------------------------------------- report
+
+
+LABEL_WIDTH = 40
+
+
+def _fit(label: str, width: int = LABEL_WIDTH) -> str:
+    """The label cut in the middle to `width` characters (both ends tell inputs apart)."""
+    if len(label) <= width:
+        return label.ljust(width)
+    head = (width - 1) // 2
+    return label[:head] + "…" + label[-(width - 1 - head) :]
+
+
+def _f(value, fmt: str, width: int) -> str:
+    if value is None:
+        return "-".rjust(width)
+    return format(value, fmt).rjust(width)
+
+
+COLUMNS = [
+    # (group, header, width)
+    ("", "input", LABEL_WIDTH),
+    ("", "events", 8),
+    ("", "JSON MB", 7),
+    ("", "gz MB", 6),
+    ("Tessera import", "s", 6),
+    ("Tessera import", "MB/s", 5),
+    ("Tessera import", "kev/s", 6),
+    ("Tessera import", "RSS MB", 6),
+    ("Tessera import", "disk KB", 7),
+    ("Tessera import", "B/ev", 5),
+    ("Tessera import", "disk/gz", 7),
+    ("HTA TraceAnalysis", "s", 6),
+    ("HTA TraceAnalysis", "RSS MB", 6),
+    ("HTA TraceAnalysis", "rows", 7),
+    ("json.load", "s", 6),
+    ("json.load", "RSS MB", 6),
+]
+
+
+def _row(inp: Input) -> list[str]:
+    t = inp.results.get("tessera")
+    h = inp.results.get("hta")
+    j = inp.results.get("json")
+    gz = os.path.getsize(inp.path)
+    json_bytes = (t or j or {}).get("json_bytes")
+    cells = [
+        _fit(inp.label),
+        _f(j and j["trace_events"], ",d", 8),
+        _f(json_bytes and json_bytes / 1e6, ".1f", 7),
+        _f(gz / 1e6, ".2f", 6),
+    ]
+    if t:
+        wall = t["wall_s"]
+        cells += [
+            _f(wall, ".3f", 6),
+            _f(t["json_bytes"] / 1e6 / wall, ".0f", 5),
+            _f(t["events"] / 1e3 / wall, ".0f", 6),
+            _f(t["peak_rss_mb"], ".0f", 6),
+            _f(t["disk_bytes"] / 1e3, ",.0f", 7),
+            _f(t["disk_bytes"] / max(t["events"], 1), ".1f", 5),
+            _f(t["disk_bytes"] / gz, ".2f", 7),
+        ]
+    else:
+        cells += ["ERR".rjust(6)] + ["-".rjust(w) for _, _, w in COLUMNS[5:11]]
+    if h:
+        cells += [
+            _f(h["wall_s"], ".3f", 6),
+            _f(h["peak_rss_mb"], ".0f", 6),
+            _f(h["rows"], ",d", 7),
+        ]
+    else:
+        cells += [("ERR" if "hta" in inp.errors else "skip").rjust(6), "-".rjust(6), "-".rjust(7)]
+    if j:
+        cells += [_f(j["wall_s"], ".3f", 6), _f(j["peak_rss_mb"], ".0f", 6)]
+    else:
+        cells += ["ERR".rjust(6), "-".rjust(6)]
+    return cells
+
+
+def print_table(inputs: list[Input]) -> None:
+    widths = [w for _, _, w in COLUMNS]
+    # Group header: each tool's name centred over its columns.
+    groups: list[tuple[str, int]] = []
+    for group, _, w in COLUMNS:
+        if groups and groups[-1][0] == group:
+            groups[-1] = (group, groups[-1][1] + w + 1)
+        else:
+            groups.append((group, w))
+    print(" | ".join(g.center(w - 1 if i else w) for i, (g, w) in enumerate(groups)).rstrip())
+    print(" ".join(h.rjust(w) if i else h.ljust(w) for i, (_, h, w) in enumerate(COLUMNS)))
+    print(" ".join("-" * w for w in widths))
+    for inp in inputs:
+        print(" ".join(_row(inp)))
+
+
+def _goal(value: float | None, goal: float, higher_is_better: bool, fmt: str) -> str:
+    if value is None:
+        return "n/a".rjust(18)
+    ok = value >= goal if higher_is_better else value <= goal
+    return (format(value, fmt) + ("" if ok else " MISSED")).rjust(18)
+
+
+def print_goals(inputs: list[Input], with_hta: bool) -> None:
+    print()
+    print(
+        f"Goals: Tessera import >= {GOAL_SPEEDUP:g}x faster than HTA, peak RSS <= "
+        f"{GOAL_RSS_RATIO:g}x HTA's, on disk <= {GOAL_DISK_RATIO:.0%} of the .json.gz"
+    )
+    titles = ("HTA s / Tessera s", "RSS Tessera/HTA", "disk / gz")
+    head = "input".ljust(LABEL_WIDTH) + "".join(f" {t:>18}" for t in titles)
+    print(head)
+    print("-" * len(head))
+    missed = {"speed": 0, "rss": 0, "disk": 0}
+    counted = {"speed": 0, "rss": 0, "disk": 0}
+    for inp in inputs:
+        t, h = inp.results.get("tessera"), inp.results.get("hta")
+        speed = h["wall_s"] / t["wall_s"] if t and h else None
+        rss = t["peak_rss_mb"] / h["peak_rss_mb"] if t and h else None
+        disk = t["disk_bytes"] / os.path.getsize(inp.path) if t else None
+        for key, value, goal, higher in (
+            ("speed", speed, GOAL_SPEEDUP, True),
+            ("rss", rss, GOAL_RSS_RATIO, False),
+            ("disk", disk, GOAL_DISK_RATIO, False),
+        ):
+            if value is not None:
+                counted[key] += 1
+                missed[key] += not (value >= goal if higher else value <= goal)
+        cells = [
+            _goal(speed, GOAL_SPEEDUP, True, ".1f"),
+            _goal(rss, GOAL_RSS_RATIO, False, ".2f"),
+            _goal(disk, GOAL_DISK_RATIO, False, ".2f"),
+        ]
+        print(_fit(inp.label) + " " + " ".join(cells))
+    parts = []
+    for key, name in (("speed", "speed"), ("rss", "peak RSS"), ("disk", "disk size")):
+        if counted[key]:
+            word = f"MISSED on {missed[key]}" if missed[key] else "met on all"
+            parts.append(f"{name}: {word} of {counted[key]}")
+    if not with_hta:
+        parts.append("(speed and RSS need HTA: --skip-hta was given)")
+    print("Summary: " + "; ".join(parts))
+
+
+def print_notes(inputs: list[Input], repeat: int) -> None:
+    print()
+    for tool, name in (("tessera", "tessera_tb importer"), ("hta", "hta"), ("json", "json")):
+        rs = [i.results[tool] for i in inputs if tool in i.results]
+        if rs:
+            imp = statistics.median(r["import_s"] for r in rs)
+            base = statistics.median(r["base_rss_mb"] for r in rs)
+            print(
+                f"library import ({name}): {imp:.2f} s, RSS after import {base:.0f} MB "
+                "(not in the wall times; part of peak RSS)"
+            )
+    for inp in inputs:
+        t, h = inp.results.get("tessera"), inp.results.get("hta")
+        if h and h["parsed_rows"] != h["rows"]:
+            print(
+                f"{inp.label}: HTA parsed {h['parsed_rows']:,} rows, kept {h['rows']:,} "
+                "after its step filter"
+            )
+        for tool, err in inp.errors.items():
+            print(f"{inp.label}: {tool} failed: {err}")
+        if t and t["steps"] == 1 and t["events"] > 100_000:
+            print(f"{inp.label}: {t['events']:,} events in one step file (Tessera)")
+        if t and t["gc_s"] >= max(0.1, 0.1 * t["wall_s"]):
+            hta_gc = f"; HTA {h['gc_s']:.2f} s in {h['gc_passes']} passes" if h else ""
+            print(
+                f"{inp.label}: garbage collector: Tessera {t['gc_s']:.2f} s "
+                f"({t['gc_s'] / t['wall_s']:.0%} of its wall) in {t['gc_passes']} passes{hta_gc}"
+            )
+    lazy = next((i.results["tessera"] for i in inputs if "tessera" in i.results), None)
+    if lazy and lazy["lazy_modules"]:
+        print(
+            f"Tessera's import call itself imports {lazy['lazy_modules']} modules on first use "
+            f"({', '.join(p for p in lazy['lazy_packages'] if not p.startswith('_'))}): "
+            "counted in its wall time, as in the CLI."
+        )
+    print(
+        f"Times are medians of {repeat} run(s), each in a fresh process. events: all "
+        "traceEvents entries; Tessera counts the ones it stores (ph X/i, not flows or "
+        "metadata); HTA rows: its DataFrame (events with a dur, no instants/flows/metadata)."
+    )
+    print(
+        "json.load: parse only, of text gunzipped beforehand in the same process; GC paused. "
+        "kev/s = thousand events per second."
+    )
+    print(
+        "Scaled copies repeat the same events, and Tessera's zlib-compressed columns find "
+        "the repeats when a step holds several copies (the one-step input): its disk/gz "
+        "is optimistic; the real traces' B/ev is the honest size measure."
+    )
+
+
+def print_cprofile(inputs: list[Input]) -> None:
+    target = max(inputs, key=lambda i: os.path.getsize(i.path))
+    print()
+    print(f"cProfile of the Tessera import of {target.label} (top 20 by own time):")
+    try:
+        print(run_child("cprofile", target.path)["report"])
+    except RuntimeError as exc:
+        print(f"failed: {exc}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="shared traces + 10x copy only")
+    p.add_argument("--skip-hta", action="store_true", help="do not measure HTA")
+    p.add_argument("--repeat", type=int, default=1, metavar="N", help="median of N runs")
+    p.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="also print a cProfile top-20 of the Tessera import of the largest input",
+    )
+    p.add_argument("--child", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    os.makedirs(OUT, exist_ok=True)
+    if args.child:
+        return child_main(*args.child)
+    if args.repeat < 1:
+        p.error("--repeat must be at least 1")
+    if not os.path.isdir(TRACES):
+        sys.exit(f"no shared traces at {TRACES}")
+
+    inputs = shared_inputs()
+    inputs.append(scaled_input("scaled: 1gpu x10", 10, one_step=False))
+    if not args.quick:
+        inputs.append(
+            scaled_input(
+                f"scaled: 1gpu x{ONE_STEP_FACTOR} one step", ONE_STEP_FACTOR, one_step=True
+            )
+        )
+    tools = ["tessera", "json"]
+    if not args.skip_hta:
+        ensure_hta_venv()
+        tools.insert(1, "hta")
+
+    t0 = time.perf_counter()
+    for n, inp in enumerate(inputs, 1):
+        print(f"[{n}/{len(inputs)}] {inp.label} ...", end="", flush=True)
+        for tool in tools:
+            measure(inp, tool, args.repeat)
+            print(f" {tool}", end="", flush=True)
+        print(flush=True)
+    print(f"measured in {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs\n")
+    print_table(inputs)
+    print_goals(inputs, with_hta=not args.skip_hta)
+    print_notes(inputs, args.repeat)
+    if args.cprofile:
+        print_cprofile(inputs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
