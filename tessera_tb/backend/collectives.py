@@ -407,7 +407,8 @@ def collective_rank_step_table(analysis: CollectiveAnalysis) -> pd.DataFrame:
 
     Columns: worker, rank, step, n_kernels, collective_ns (summed kernel durations, waits
     included), wait_ns (summed waits of its members of complete instances), transfer_ns
-    (summed transfer times of those instances), busbw_gbps = sum(size_bytes x busbw_factor) /
+    (summed transfer times of those instances; both null where the rank has no kernel in a
+    complete instance in that step), busbw_gbps = sum(size_bytes x busbw_factor) /
     sum(transfer_ns) over its members of complete instances that have a busbw (a time-weighted
     mean), overlap_pct = 100 x sum(overlap_ns) / sum(dur_ns).
     Definitions: METRICS.md, "Collectives".
@@ -441,7 +442,8 @@ def collective_rank_step_table(analysis: CollectiveAnalysis) -> pd.DataFrame:
     )
     out = base.join(mem, how="left").reset_index()
     for c in ("wait_ns", "transfer_ns"):
-        out[c] = out[c].fillna(0).astype("int64")
+        # Null, not 0, where none of the rank's kernels in the step is in a complete instance.
+        out[c] = out[c].astype("Int64")
     with np.errstate(divide="ignore", invalid="ignore"):
         out["busbw_gbps"] = np.where(
             out["bw_transfer_ns"] > 0, out["bus_bytes"] / out["bw_transfer_ns"], np.nan
@@ -666,20 +668,17 @@ def _derive(df: pd.DataFrame) -> pd.DataFrame:
     empty_coalesced = df["coalesced"] & (nelems == 0).fillna(False)
     size = size.mask(empty_coalesced.to_numpy(dtype=bool))
     df["size_bytes"] = size
-    note = np.select(
-        [
-            no_nelems.to_numpy(dtype=bool),
-            unknown_dtype.to_numpy(dtype=bool),
-            empty_coalesced.to_numpy(dtype=bool),
-        ],
-        [
-            "no In/Out msg nelems args",
-            "unknown dtype " + df["dtype"].astype(object).fillna("(none)").map(repr),
-            "coalesced launch without per-op sizes",
-        ],
-        default="",
-    )
-    df["size_note"] = pd.Series(note, index=df.index, dtype=object).replace("", None)
+    # Later assignments win: the first reason in this list is the one reported.
+    note = np.full(len(df), None, dtype=object)
+    note[empty_coalesced.to_numpy(dtype=bool)] = "coalesced launch without per-op sizes"
+    bad_dtype = unknown_dtype.to_numpy(dtype=bool)
+    if bad_dtype.any():
+        dtypes = df["dtype"].astype(object).to_numpy()[bad_dtype]
+        note[bad_dtype] = [
+            f"unknown dtype {d!r}" if d is not None else "no dtype arg" for d in dtypes
+        ]
+    note[no_nelems.to_numpy(dtype=bool)] = "no In/Out msg nelems args"
+    df["size_note"] = note
 
     df["ordinal"] = _ordinals(df)
 
@@ -876,6 +875,12 @@ def _match_instances(kernels: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame,
     m = cand[~bad].copy()
     if m.empty:
         return _empty_members(kernels), _empty_instances(), mismatches
+    # Split sizes are not match fields: an instance is coalesced or uneven if any member is.
+    g = m.groupby(INSTANCE_KEY, sort=False)
+    m["coalesced"] = g["coalesced"].transform("any").to_numpy(dtype=bool)
+    m["uneven"] = g["uneven"].transform("any").to_numpy(dtype=bool)
+    m["busbw_note"] = _busbw_note(m)
+    m["busbw_incl_wait_gbps"] = m["busbw_incl_wait_gbps"].where(m["busbw_note"].isna())
     m = _with_completeness(m)
     m = _with_waits(m)
     m = _with_aligned_clocks(m)
