@@ -126,7 +126,7 @@ _FACTOR_ONE = ("broadcast", "reduce", "send_recv")
 MATCH_FIELDS = ("collective_name", "in_nelems", "out_nelems", "dtype", "group_size")
 INSTANCE_KEY = ["process_group", "step", "ordinal"]
 
-_NEXT_POWER_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
 def busbw_factor(collective_type: pd.Series, group_size: pd.Series) -> pd.Series:
@@ -156,10 +156,10 @@ def size_bucket_label(lo_bytes: int) -> str:
 
 def _binary_size(n: int) -> str:
     unit = 0
-    while n >= 1024 and n % 1024 == 0 and unit < len(_NEXT_POWER_UNITS) - 1:
+    while n >= 1024 and n % 1024 == 0 and unit < len(_BINARY_UNITS) - 1:
         n //= 1024
         unit += 1
-    return f"{n} {_NEXT_POWER_UNITS[unit]}"
+    return f"{n} {_BINARY_UNITS[unit]}"
 
 
 @dataclass
