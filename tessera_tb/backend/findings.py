@@ -1,0 +1,510 @@
+"""Findings: problems a user can act on, each with the ms per step it could win back.
+
+Each finding has a kind, a title, `win_ms_per_step` (the time it could win back, defined per
+kind below), evidence (numbers and where they come from) and a severity. Findings are ranked
+by `win_ms_per_step`; a finding whose win is below `min_win_pct` of the step time is not
+reported, so a healthy run gets none. Over a step range every number is the median over the
+steps (a step where a kind does not occur counts as 0).
+
+Kinds and their win (all on the step span, METRICS.md "Time"; the categories are those of
+`backend.breakdown`):
+
+- `gpu_idle_host_bound`: GPU idle while a launching thread is busy in runtime calls or CPU ops:
+  the breakdown's `runtime_ns + host_other_ns`. Evidence adds the CPU ops with the most self
+  time during GPU idle (self time: the op's interval minus its children's).
+- `dataloader_stall`: GPU idle while a launching thread is in data loading: `dataloader_ns`.
+- `exposed_collective` (one per `Collective name`): time a collective kernel of that type runs
+  with no compute kernel on the same device: |union(collective_d) - union(compute_d)| summed
+  over devices. A simple overlap by interval arithmetic; the kernel durations include waiting
+  for other ranks (METRICS.md, "Collectives"), so part of the win may be load imbalance.
+- `launch_bound_kernels`: kernels shorter than their launch call (launch calls that start one
+  device event only; graph launches are left out). Win: the sum of (launch duration - kernel
+  duration) over them, at most the step's GPU idle time, since the gaps can only show as
+  GPU idle.
+- `pageable_memcpy`: copies from or to pageable host memory (CUPTI's copy kind in the memcpy
+  name: "Pageable"): they cannot overlap with compute and block the host. Win: their time with
+  no compute kernel on the same device, as for collectives.
+- `low_tensor_core_share`: kernels of matmul/conv/attention ops without fp16/bf16/fp8 inputs
+  (`summary.tensor_core_eligible_kernels`, estimated). Win: their time x (1 - 1/7), an upper
+  bound: 7 is about the dense tf32/fp32 peak ratio of every device in METRICS.md ("Peaks":
+  6.97 to 8).
+- `unrecorded_idle`: neither device work nor any recorded host range on a launching thread:
+  the breakdown's `idle_ns` (un-instrumented host work, waits on I/O or on other processes).
+
+Severity: "high" when the win is at least 10% of the step, "medium" at least 5%, else "low".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from tessera_tb.backend.breakdown import (
+    CATEGORIES,
+    category_intervals,
+    iter_with_neighbours,
+    priority_cover_ns,
+    window_events,
+)
+from tessera_tb.backend.intervals import union_length_ns
+from tessera_tb.backend.selection import resolve_workers, steady_state_step
+from tessera_tb.backend.summary import tensor_core_eligible_kernels
+from tessera_tb.trace.reader import Run
+from tessera_tb.trace.step import KIND, StepData
+
+MIN_WIN_PCT = 2.0
+TF32_OVER_FP32_PEAK = 7.0
+TOP_OPS = 3
+# Element sizes of the NCCL `dtype` arg (torch scalar type names).
+DTYPE_BYTES = {
+    "Float": 4,
+    "Double": 8,
+    "Half": 2,
+    "BFloat16": 2,
+    "Int": 4,
+    "Long": 8,
+    "Short": 2,
+    "Char": 1,
+    "Byte": 1,
+    "Bool": 1,
+    "Float8_e4m3fn": 1,
+    "Float8_e5m2": 1,
+    "Float8_e4m3fnuz": 1,
+    "Float8_e5m2fnuz": 1,
+    "ComplexFloat": 8,
+    "ComplexDouble": 16,
+}
+_HOST_TREE = np.array(
+    [KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], dtype=np.uint8
+)
+_DEVICE_WORK = np.array(
+    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], dtype=np.uint8
+)
+
+FINDING_COLUMNS = [
+    "worker",
+    "rank",
+    "steps",
+    "kind",
+    "subject",
+    "title",
+    "win_ms_per_step",
+    "win_pct_of_step",
+    "severity",
+    "evidence",
+    "numbers",
+]
+
+
+def _num_attr(step: StepData, key: str, rows: np.ndarray) -> np.ndarray:
+    a = step.attrs_by_key.get(key)
+    out = np.full(rows.size, np.nan)
+    if a is None or a.rows.size == 0 or a.type not in ("int64", "float64"):
+        return out
+    pos = np.minimum(np.searchsorted(a.rows, rows), a.rows.size - 1)
+    hit = a.rows[pos] == rows
+    out[hit] = a.values[pos[hit]]
+    return out
+
+
+def _str_attr(step: StepData, key: str, rows: np.ndarray) -> np.ndarray:
+    a = step.attrs_by_key.get(key)
+    out = np.full(rows.size, "", dtype=object)
+    if a is None or a.rows.size == 0 or a.type != "string":
+        return out
+    pos = np.minimum(np.searchsorted(a.rows, rows), a.rows.size - 1)
+    hit = a.rows[pos] == rows
+    out[hit] = step.string_values(a.values[pos[hit]])
+    return out
+
+
+def _clipped_dur(step: StepData, rows: np.ndarray) -> np.ndarray:
+    start = step.events["start_ns"][rows]
+    end = start + step.events["dur_ns"][rows]
+    return np.maximum(np.minimum(end, step.end_ns) - np.maximum(start, step.start_ns), 0)
+
+
+def _exposed_ns(step: StepData, window: dict, rows: np.ndarray) -> int:
+    """Time the step's events `rows` run with no compute kernel on their device, summed over
+    devices (a device's own compute kernels from the window, neighbours included)."""
+    dev_of_track = np.array([t.device for t in step.tracks], dtype=np.int64)
+    devices = dev_of_track[step.events["track_id"][rows]]
+    start = step.events["start_ns"][rows]
+    end = start + step.events["dur_ns"][rows]
+    compute = window["kind"] == KIND["kernel"]
+    total = 0
+    for d in np.unique(devices).tolist():
+        c = compute & (window["device"] == d)
+        m = devices == d
+        cover = priority_cover_ns(
+            step.start_ns,
+            step.end_ns,
+            [(window["start_ns"][c], window["end_ns"][c]), (start[m], end[m])],
+        )
+        total += int(cover[1])
+    return total
+
+
+def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
+    """GPU-idle self time of the step's cpu ops on launching threads, summed by op name.
+
+    GPU idle here = the span minus the union of all device work and data loading ranges in the
+    window (data loading is its own finding). An op's GPU-idle time is |op interval ∩ GPU
+    idle|, computed for all host-tree events from a prefix sum of the idle set; its self part
+    subtracts its direct children's.
+    """
+    lo, hi = step.start_ns, step.end_ns
+    dev = np.isin(window["kind"], _DEVICE_WORK) | window["dataloader"]
+    s = np.clip(window["start_ns"][dev], lo, hi)
+    e = np.clip(window["end_ns"][dev], lo, hi)
+    keep = e > s
+    s, e = s[keep], e[keep]
+    order = np.argsort(s, kind="stable")
+    s, e = s[order], e[order]
+    if s.size:
+        reach = np.maximum.accumulate(e)
+        new = np.concatenate([[True], s[1:] > reach[:-1]])
+        seg_s = s[new]
+        seg_e = np.maximum.reduceat(e, np.flatnonzero(new))
+    else:
+        seg_s = seg_e = np.zeros(0, dtype=np.int64)
+    busy_before = np.concatenate([[0], np.cumsum(seg_e - seg_s)])
+
+    def idle_until(x: np.ndarray) -> np.ndarray:
+        """GPU idle ns in [lo, x)."""
+        x = np.clip(x, lo, hi)
+        if not seg_s.size:
+            return x - lo
+        i = np.searchsorted(seg_s, x, "right")  # busy segments starting at or before x
+        j = np.maximum(i - 1, 0)
+        busy = np.where(i > 0, busy_before[j] + np.minimum(x, seg_e[j]) - seg_s[j], 0)
+        return (x - lo) - busy
+
+    ev = step.events
+    own = window["source"] == 0
+    rows = window["row"][own & window["on_launcher"]]
+    rows = rows[np.isin(ev["kind"][rows], _HOST_TREE)]
+    start = ev["start_ns"][rows]
+    overlap = idle_until(start + ev["dur_ns"][rows]) - idle_until(start)
+    self_ns = np.zeros(ev["kind"].size, dtype=np.int64)
+    self_ns[rows] = overlap
+    parent = ev["parent"][rows]
+    has_parent = parent >= 0
+    np.subtract.at(self_ns, parent[has_parent], overlap[has_parent])
+    ops = rows[ev["kind"][rows] == KIND["cpu_op"]]
+    frame = pd.DataFrame({"name_id": ev["name_id"][ops], "ns": self_ns[ops]})
+    by_name = frame.groupby("name_id")["ns"].sum().sort_values(ascending=False)
+    by_name = by_name[by_name > 0].head(TOP_OPS)
+    return {step.strings[int(i)]: int(v) for i, v in by_name.items()}
+
+
+def step_finding_numbers(
+    step: StepData, neighbours: Sequence[StepData] = (), data_regions: Iterable[str] = ()
+) -> dict[tuple[str, str], dict[str, float]]:
+    """The numbers behind every finding kind for one step, before any threshold.
+
+    Keys are (kind, subject) (subject: the collective type, else ""); values map number names
+    to values, always with `win_ns` and `span_ns`. Kinds that cannot occur in the step (no
+    collectives, no pageable copy, ...) are absent.
+    """
+    window = window_events(step, neighbours, data_regions)
+    intervals = category_intervals(window)
+    cover = priority_cover_ns(step.start_ns, step.end_ns, [intervals[c] for c in CATEGORIES[:-1]])
+    ns = dict(zip(CATEGORIES, (int(v) for v in cover)))
+    span = step.span_ns
+    gpu_idle = ns["runtime"] + ns["dataloader"] + ns["host_other"] + ns["idle"]
+    out: dict[tuple[str, str], dict[str, float]] = {}
+
+    host_busy = ns["runtime"] + ns["host_other"]
+    numbers = {
+        "win_ns": host_busy,
+        "span_ns": span,
+        "gpu_idle_ns": gpu_idle,
+        "runtime_ns": ns["runtime"],
+        "host_other_ns": ns["host_other"],
+    }
+    for name, v in _gpu_idle_self_ns_by_op(step, window).items():
+        numbers[f"op_self_ns:{name}"] = v
+    out[("gpu_idle_host_bound", "")] = numbers
+    out[("dataloader_stall", "")] = {
+        "win_ns": ns["dataloader"],
+        "span_ns": span,
+        "gpu_idle_ns": gpu_idle,
+        "dataloader_ns": ns["dataloader"],
+    }
+    out[("unrecorded_idle", "")] = {"win_ns": ns["idle"], "span_ns": span, "idle_ns": ns["idle"]}
+
+    ev = step.events
+    kind = ev["kind"]
+    coll = np.flatnonzero(kind == KIND["collective"])
+    if coll.size:
+        names = _str_attr(step, "Collective name", coll)
+        names[names == ""] = "unknown"
+        nelems = np.fmax(
+            _num_attr(step, "In msg nelems", coll), _num_attr(step, "Out msg nelems", coll)
+        )
+        elem = np.array(
+            [DTYPE_BYTES.get(d, np.nan) for d in _str_attr(step, "dtype", coll)], dtype=float
+        )
+        size = nelems * elem
+        for name in np.unique(names).tolist():
+            rows = coll[names == name]
+            starts = ev["start_ns"][rows]
+            out[("exposed_collective", name)] = {
+                "win_ns": _exposed_ns(step, window, rows),
+                "span_ns": span,
+                "count": rows.size,
+                "kernel_ns": int(_clipped_dur(step, rows).sum()),
+                "union_ns": union_length_ns(
+                    starts, starts + ev["dur_ns"][rows], step.start_ns, step.end_ns
+                ),
+                "size_bytes": float(size[names == name].sum()),
+            }
+
+    kernels = np.flatnonzero(kind == KIND["kernel"])
+    launch = ev["launch"][kernels]
+    device_work = np.flatnonzero(np.isin(kind, _DEVICE_WORK) & (ev["launch"] >= 0))
+    per_launch = np.bincount(ev["launch"][device_work], minlength=kind.size)
+    single = launch >= 0
+    single[single] = per_launch[launch[single]] == 1
+    k_rows, l_rows = kernels[single], launch[single]
+    gap = ev["dur_ns"][l_rows] - ev["dur_ns"][k_rows]
+    bound = gap > 0
+    if bound.any():
+        out[("launch_bound_kernels", "")] = {
+            "win_ns": min(int(gap[bound].sum()), gpu_idle),
+            "span_ns": span,
+            "gap_ns": int(gap[bound].sum()),
+            "gpu_idle_ns": gpu_idle,
+            "count": int(bound.sum()),
+            "kernels": int(kernels.size),
+            "median_kernel_ns": float(np.median(ev["dur_ns"][k_rows[bound]])),
+            "median_launch_ns": float(np.median(ev["dur_ns"][l_rows[bound]])),
+        }
+
+    copies = np.flatnonzero(kind == KIND["memcpy"])
+    if copies.size:
+        ids = np.unique(ev["name_id"][copies])
+        pageable_ids = ids[["Pageable" in step.strings[i] for i in ids.tolist()]]
+        rows = copies[np.isin(ev["name_id"][copies], pageable_ids)]
+        if rows.size:
+            dur = ev["dur_ns"][rows]
+            nbytes = _num_attr(step, "bytes", rows)
+            out[("pageable_memcpy", "")] = {
+                "win_ns": _exposed_ns(step, window, rows),
+                "span_ns": span,
+                "count": rows.size,
+                "copy_ns": int(_clipped_dur(step, rows).sum()),
+                "size_bytes": float(np.nansum(nbytes)),
+                "gb_per_s": float(np.nansum(nbytes) / dur.sum()) if dur.sum() else np.nan,
+            }
+
+    eligible = tensor_core_eligible_kernels(step)
+    if eligible is not None:
+        rows, in_family, tensor_core = eligible
+        dur = _clipped_dur(step, rows)
+        family_ns = int(dur[in_family].sum())
+        other_ns = int(dur[in_family & ~tensor_core].sum())
+        if other_ns:
+            out[("low_tensor_core_share", "")] = {
+                "win_ns": other_ns * (1.0 - 1.0 / TF32_OVER_FP32_PEAK),
+                "span_ns": span,
+                "family_ns": family_ns,
+                "no_tensor_core_ns": other_ns,
+            }
+    return out
+
+
+def _severity(pct: float) -> str:
+    return "high" if pct >= 10 else "medium" if pct >= 5 else "low"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.2f} ms"
+
+
+def _mb(nbytes: float) -> str:
+    return f"{nbytes / 1e6:.0f} MB" if np.isfinite(nbytes) else "unknown size"
+
+
+def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple[str, str]:
+    """(title, evidence) from a finding's (median) numbers."""
+    span = n["span_ns"]
+    pct = lambda v: 100.0 * v / span if span else float("nan")  # noqa: E731
+    if kind == "gpu_idle_host_bound":
+        ops = sorted(
+            ((k.split(":", 1)[1], v) for k, v in n.items() if k.startswith("op_self_ns:") and v),
+            key=lambda kv: -kv[1],
+        )
+        share = n["win_ns"] / n["gpu_idle_ns"] if n["gpu_idle_ns"] else 0.0
+        how = "mostly" if share >= 0.5 else "partly"
+        title = (
+            f"GPU idle {pct(n['gpu_idle_ns']):.0f}% of {where}, {how} waiting on host CPU work "
+            f"and launches"
+        )
+        evidence = (
+            f"GPU idle {_ms(n['gpu_idle_ns'])} of the {_ms(span)} step (span minus the union of "
+            f"kernels, collectives, memcpys, memsets); during it the launching threads were in "
+            f"CPU ops {_ms(n['host_other_ns'])} and in runtime/driver calls "
+            f"{_ms(n['runtime_ns'])} (step time breakdown)"
+        )
+        if ops:
+            listed = ", ".join(f"{name} {_ms(v)}" for name, v in ops[:TOP_OPS])
+            evidence += (
+                f"; CPU ops with the most self time while the GPU was idle (data loading "
+                f"excluded): {listed}"
+            )
+        return title, evidence
+    if kind == "dataloader_stall":
+        title = f"Data loading stalls the GPU {_ms(n['win_ns'])} per step ({pct(n['win_ns']):.0f}%)"
+        evidence = (
+            f"{_ms(n['dataloader_ns'])} of the {_ms(span)} step the GPU had no work while a "
+            f"launching thread was inside enumerate(DataLoader) or a data region (step time "
+            f"breakdown, dataloader category)"
+        )
+        return title, evidence
+    if kind == "unrecorded_idle":
+        title = f"GPU and host both idle {_ms(n['win_ns'])} per step ({pct(n['win_ns']):.0f}%)"
+        evidence = (
+            f"{_ms(n['idle_ns'])} of the {_ms(span)} step had no device work and no recorded op "
+            f"on any launching thread (step time breakdown, idle category): un-instrumented host "
+            f"work, I/O or waits on other processes"
+        )
+        return title, evidence
+    if kind == "exposed_collective":
+        title = f"{subject} of {_mb(n['size_bytes'])} not overlapped with compute"
+        overlap = 1.0 - n["win_ns"] / n["union_ns"] if n["union_ns"] else float("nan")
+        evidence = (
+            f"{n['count']:.0f} {subject} kernels, {_ms(n['kernel_ns'])} of kernel time; "
+            f"{_ms(n['win_ns'])} of it with no compute kernel on the same device "
+            f"({100 * overlap:.0f}% overlapped); size = max(In, Out msg nelems) x dtype size; "
+            f"kernel time includes waiting for other ranks"
+        )
+        return title, evidence
+    if kind == "launch_bound_kernels":
+        title = f"{n['count']:.0f} kernels shorter than their launch call (launch-bound)"
+        evidence = (
+            f"{n['count']:.0f} of {n['kernels']:.0f} kernels ran shorter than the runtime call "
+            f"that launched them (median {n['median_kernel_ns'] / 1e3:.1f} us on the GPU vs "
+            f"{n['median_launch_ns'] / 1e3:.1f} us to launch); launch minus kernel time sums to "
+            f"{_ms(n['gap_ns'])}, counted up to the GPU idle time {_ms(n['gpu_idle_ns'])}: "
+            f"fuse kernels or capture them in a CUDA graph"
+        )
+        return title, evidence
+    if kind == "pageable_memcpy":
+        title = f"{n['count']:.0f} copies from/to pageable host memory"
+        evidence = (
+            f"{n['count']:.0f} memcpys of {_mb(n['size_bytes'])} on pageable memory took "
+            f"{_ms(n['copy_ns'])} ({n['gb_per_s']:.1f} GB/s), {_ms(n['win_ns'])} of it with no "
+            f"compute kernel on the device: pin the host buffers (pin_memory=True) and copy "
+            f"with non_blocking=True"
+        )
+        return title, evidence
+    if kind == "low_tensor_core_share":
+        share = 100.0 * n["no_tensor_core_ns"] / n["family_ns"] if n["family_ns"] else 0.0
+        title = f"{share:.0f}% of matmul/conv/attention kernel time without tensor cores"
+        evidence = (
+            f"{_ms(n['no_tensor_core_ns'])} of {_ms(n['family_ns'])} of matmul/conv/attention "
+            f"kernel time ran from ops without fp16/bf16/fp8 inputs (estimated from op input "
+            f"types); the win assumes up to the {TF32_OVER_FP32_PEAK:.0f}x tf32/fp32 peak ratio: "
+            f"use bf16 autocast or allow TF32"
+        )
+        return title, evidence
+    raise ValueError(f"unknown finding kind {kind!r}")
+
+
+def _rank_findings(
+    per_step: list[dict[tuple[str, str], dict[str, float]]],
+    where: str,
+    min_win_pct: float,
+) -> list[dict]:
+    """Median numbers over the steps, described and thresholded (callers sort)."""
+    spans = [next(iter(f.values()))["span_ns"] for f in per_step if f]
+    span = float(np.median(spans)) if spans else 0.0
+    out = []
+    for key in sorted({k for f in per_step for k in f}):
+        names = sorted({name for f in per_step if key in f for name in f[key]})
+        numbers = {
+            name: float(np.median([f.get(key, {}).get(name, 0.0) for f in per_step]))
+            for name in names
+        }
+        numbers["span_ns"] = span
+        win_pct = 100.0 * numbers["win_ns"] / span if span else 0.0
+        if numbers["win_ns"] <= 0 or win_pct < min_win_pct:
+            continue
+        title, evidence = _describe(key[0], key[1], numbers, where)
+        out.append(
+            {
+                "kind": key[0],
+                "subject": key[1],
+                "title": title,
+                "win_ms_per_step": numbers["win_ns"] / 1e6,
+                "win_pct_of_step": win_pct,
+                "severity": _severity(win_pct),
+                "evidence": evidence,
+                "numbers": numbers,
+            }
+        )
+    return out
+
+
+def _where(steps: Sequence[int]) -> str:
+    if len(steps) == 1:
+        return f"step {steps[0]}"
+    return f"steps {min(steps)}-{max(steps)} (median)"
+
+
+def step_findings(
+    step: StepData,
+    neighbours: Sequence[StepData] = (),
+    data_regions: Iterable[str] = (),
+    min_win_pct: float = MIN_WIN_PCT,
+) -> pd.DataFrame:
+    """The findings of one step, ranked; columns as `findings` without worker, rank, steps."""
+    per_step = [step_finding_numbers(step, neighbours, data_regions)]
+    rows = _rank_findings(per_step, _where([step.step]), min_win_pct)
+    cols = FINDING_COLUMNS[3:]
+    df = pd.DataFrame(rows, columns=cols)
+    return df.sort_values("win_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def findings(
+    run: Run,
+    workers: Iterable[str] | None = None,
+    steps: Iterable[int] | None = None,
+    data_regions: Iterable[str] = (),
+    min_win_pct: float = MIN_WIN_PCT,
+) -> pd.DataFrame:
+    """Findings per worker over a step range (numbers are medians over the steps), ranked by
+    win_ms_per_step across workers.
+
+    `steps=None` means the default single step, `selection.steady_state_step` of the first
+    selected worker. `data_regions`: names of annotations/regions that load data (besides
+    `enumerate(DataLoader)*`). Columns: worker, rank, steps (tuple), kind, subject (the
+    collective type for `exposed_collective`, else ""), title, win_ms_per_step,
+    win_pct_of_step (of the median step time), severity, evidence (text), numbers (the
+    median numbers the title and evidence were made from; ns unless named otherwise).
+    """
+    names = resolve_workers(run, workers)
+    if steps is None:
+        steps = [steady_state_step(run, names[0])]
+    regions = tuple(data_regions)
+    per_worker: dict[str, list] = {w: [] for w in names}
+    seen_steps: dict[str, list[int]] = {w: [] for w in names}
+    for worker, step, neighbours in iter_with_neighbours(run, names, steps):
+        per_worker[worker].append(step_finding_numbers(step, neighbours, regions))
+        seen_steps[worker].append(step.step)
+    rows = []
+    for worker in names:
+        if not per_worker[worker]:
+            continue
+        rank = int(run.worker(worker).meta.rank)
+        chosen = tuple(seen_steps[worker])
+        for f in _rank_findings(per_worker[worker], _where(chosen), min_win_pct):
+            rows.append({"worker": worker, "rank": rank, "steps": chosen, **f})
+    df = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    return df.sort_values(
+        ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"
+    ).reset_index(drop=True)
