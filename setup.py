@@ -30,9 +30,12 @@ setup(
     extras_require={
         "torch": ["torch"],
         "nvml": ["nvidia-ml-py"],
-        "test": ["pytest>=8", "ruff>=0.17,<0.18"],
+        # playwright drives the system's Chromium (apt-get install chromium) in the plugin's
+        # browser tests; it never downloads a browser of its own here.
+        "test": ["pytest>=8", "ruff>=0.17,<0.18", "playwright==1.65.2"],
     },
     entry_points={
         "console_scripts": ["tessera-prof=tessera.cli.main:main"],
+        "tensorboard_plugins": ["tessera = tessera_tb.plugin_loader:TesseraLoader"],
     },
 )

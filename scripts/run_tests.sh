@@ -18,6 +18,15 @@ step "protoc 31.1 for the generated-module freshness test (.venv-protoc, outside
 }
 export TESSERA_PROTOC_PYTHON="$PWD/.venv-protoc/bin/python" TESSERA_REQUIRE_PROTOC=1
 
+step "chromium for the plugin's browser tests (Debian package; never \`playwright install\`)"
+if [ ! -x /usr/bin/chromium ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo -n"
+  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q chromium
+fi
+# Browser tests fail, rather than skip, when chromium is missing.
+export TESSERA_REQUIRE_BROWSER=1
+
 step "ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -1,0 +1,487 @@
+"""What the plugin's routes answer, as plain functions testable without a server.
+
+Each function takes a `RunIndex`, a `RunEntry` or a `Run` plus a parsed selection, calls the
+analysis functions of `tessera_tb.backend` (never recomputing a metric here) and returns a
+JSON-ready dict. Tables travel column-wise: `{"columns": [...], "data": [[col 0], [col 1], ...]}`
+(`table_payload`). `encode_json` turns numpy values into Python natives and NaN/inf into null.
+
+Parameters from requests are resolved against what the index discovered (`resolve_run`,
+`parse_workers`, `parse_steps`); a bad one raises `tensorboard.errors.NotFoundError` or
+`InvalidArgumentError`, which TensorBoard answers as a 404/400 with a one-line message.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from tensorboard import errors
+
+from tessera_tb.backend.run_index import RunEntry, RunIndex
+from tessera_tb.backend.selection import steady_state_step
+from tessera_tb.trace.reader import Run
+
+# JSON ------------------------------------------------------------------------------------------
+
+
+def _column_values(values: np.ndarray | pd.Series) -> list:
+    """One column as a list of Python natives; NaN, inf and NA become None."""
+    arr = values.to_numpy() if isinstance(values, pd.Series) else np.asarray(values)
+    if arr.dtype.kind == "f":
+        out = arr.astype(object)
+        out[~np.isfinite(arr)] = None
+        return out.tolist()
+    if arr.dtype.kind in "iub":
+        return arr.tolist()
+    if arr.dtype.kind == "M":
+        return [None if pd.isna(v) else str(v) for v in arr]
+    return [_native(v) for v in arr.tolist()]
+
+
+def table_payload(df: pd.DataFrame, max_rows: int | None = None) -> dict:
+    """A DataFrame as {"columns", "data" (one list per column), "total_rows"}.
+
+    `max_rows` keeps the first rows only (the frame is already sorted by the analysis).
+    """
+    total = len(df)
+    if max_rows is not None:
+        df = df.iloc[:max_rows]
+    return {
+        "columns": [str(c) for c in df.columns],
+        "data": [_column_values(df[c]) for c in df.columns],
+        "total_rows": total,
+    }
+
+
+def _native(value):
+    """A value of any payload as JSON-ready Python (recursively)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        return v if math.isfinite(v) else None
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, pd.DataFrame):
+        return table_payload(value)
+    if isinstance(value, (pd.Series, np.ndarray)):
+        return _column_values(value)
+    if isinstance(value, dict):
+        return {str(k): _native(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_native(v) for v in value]
+    if value is pd.NA or value is pd.NaT:
+        return None
+    return str(value)
+
+
+def encode_json(payload) -> bytes:
+    """UTF-8 JSON of `payload` with numpy values as natives and NaN/inf as null."""
+    return json.dumps(_native(payload), allow_nan=False, separators=(",", ":")).encode()
+
+
+# Parameters ------------------------------------------------------------------------------------
+
+_STEP_RANGE = re.compile(r"^\s*(-?\d+)\s*(?:-\s*(-?\d+)\s*)?$")
+
+
+def resolve_run(index: RunIndex, name: str | None) -> RunEntry:
+    """The discovered run with exactly this name; NotFoundError otherwise."""
+    if not name:
+        raise errors.InvalidArgumentError("missing parameter: run")
+    try:
+        entry = index.entry(name)
+    except KeyError:
+        raise errors.NotFoundError(f"no run named {name!r}") from None
+    if entry.run is None:
+        raise errors.NotFoundError(f"run {name!r} cannot be read: {entry.error}")
+    return entry
+
+
+def parse_workers(run: Run, spec: str | None) -> list[str]:
+    """Workers of a selection spec, in rank order.
+
+    Spec forms: empty (every worker), `rank0,rank1` (names), `ranks:0-3,6` (by rank),
+    `host:NAME` (every worker on a host), `pg:NAME` (the ranks of a process group).
+    """
+    workers = run.workers
+    if not spec:
+        return sorted(workers, key=lambda w: (workers[w].rank, w))
+    kind, _, value = spec.partition(":")
+    if kind == "ranks" and value:
+        ranks = set(_parse_int_ranges(value, "ranks"))
+        chosen = [w for w, info in workers.items() if info.rank in ranks]
+    elif kind == "host" and value:
+        chosen = [w for w, info in workers.items() if info.meta.host == value]
+    elif kind == "pg" and value:
+        members = {
+            r
+            for info in workers.values()
+            for pg in info.meta.process_groups
+            if pg.name == value or pg.desc == value
+            for r in pg.ranks
+        }
+        chosen = [w for w, info in workers.items() if info.rank in members]
+    else:
+        names = [n.strip() for n in spec.split(",") if n.strip()]
+        for n in names:
+            if n not in workers:
+                raise errors.NotFoundError(f"run has no worker {n!r}")
+        chosen = list(dict.fromkeys(names))
+    if not chosen:
+        raise errors.NotFoundError(f"no worker matches {spec!r}")
+    return sorted(chosen, key=lambda w: (workers[w].rank, w))
+
+
+def _parse_int_ranges(text: str, what: str) -> list[int]:
+    out: list[int] = []
+    for part in text.split(","):
+        m = _STEP_RANGE.match(part)
+        if not m:
+            raise errors.InvalidArgumentError(f"bad {what} {text!r}: use e.g. 4-6,9")
+        lo = int(m.group(1))
+        hi = int(m.group(2)) if m.group(2) is not None else lo
+        if hi < lo or hi - lo > 1_000_000:
+            raise errors.InvalidArgumentError(f"bad {what} range {part!r}")
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+def parse_steps(run: Run, workers: Iterable[str], spec: str | None) -> list[int]:
+    """Steps of a selection spec (`4-6,9`; empty = every step of the chosen workers).
+
+    Every step named must exist on at least one chosen worker (NotFoundError otherwise);
+    a range keeps only the steps that exist.
+    """
+    available = sorted({s for w in workers for s in run.worker(w).steps})
+    if not spec:
+        return available
+    have = set(available)
+    wanted = _parse_int_ranges(spec, "steps")
+    chosen = sorted(s for s in set(wanted) if s in have)
+    singles = [int(p) for p in spec.split(",") if p.strip().lstrip("-").isdigit()]
+    missing = [s for s in singles if s not in have]
+    if missing or not chosen:
+        raise errors.NotFoundError(f"no step(s) {missing or spec} in this selection")
+    return chosen
+
+
+def parse_step(run: Run, worker: str, spec: str | None) -> int:
+    """One step of one worker; the steady-state step when `spec` is empty."""
+    if not spec:
+        return steady_state_step(run, worker)
+    try:
+        step = int(spec)
+    except ValueError:
+        raise errors.InvalidArgumentError(f"bad step {spec!r}") from None
+    if step not in run.worker(worker).steps:
+        raise errors.NotFoundError(f"worker {worker!r} has no step {step}")
+    return step
+
+
+def parse_int(value: str | None, default: int, lo: int, hi: int, what: str) -> int:
+    if value in (None, ""):
+        return default
+    try:
+        n = int(value)
+    except ValueError:
+        raise errors.InvalidArgumentError(f"bad {what} {value!r}") from None
+    if not lo <= n <= hi:
+        raise errors.InvalidArgumentError(f"{what} must be within {lo}..{hi}")
+    return n
+
+
+# Runs, workers, steps ---------------------------------------------------------------------------
+
+
+def runs_listing(index: RunIndex) -> dict:
+    """Every discovered run with its workers, steps and errors (nothing is loaded).
+
+    A run, worker or step that cannot be read carries an `error` and the rest is listed as
+    usual. Steps carry their span (`start_ns`, `end_ns`, epoch ns), `dur_ms` and
+    `event_count` from the worker's step index.
+    """
+    entries = index.entries()
+    return {"runs": [_run_listing(index, entries[name]) for name in sorted(entries)]}
+
+
+def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
+    item: dict = {"name": entry.name, "error": entry.error, "workers": []}
+    for worker, problem in sorted(entry.worker_errors.items()):
+        item["workers"].append({"name": worker, "error": problem, "steps": []})
+    if entry.run is None:
+        return item
+    run = entry.run
+    bad = index.known_step_errors(entry)
+    for w in parse_workers(run, None):
+        info = run.workers[w]
+        meta = info.meta
+        item["workers"].append(
+            {
+                "name": w,
+                "rank": meta.rank,
+                "world_size": meta.world_size,
+                "host": meta.host,
+                "error": None,
+                "process_groups": [
+                    {"name": pg.name, "desc": pg.desc, "size": pg.size, "ranks": list(pg.ranks)}
+                    for pg in meta.process_groups
+                ],
+                "steps": [
+                    {
+                        "step": e.step,
+                        "start_ns": e.start_ns,
+                        "end_ns": e.end_ns,
+                        "dur_ms": (e.end_ns - e.start_ns) / 1e6,
+                        "event_count": e.event_count,
+                        "error": bad.get((w, e.step)),
+                    }
+                    for e in meta.steps
+                ],
+            }
+        )
+    item["workers"].sort(key=lambda x: (x.get("rank", 1 << 30), x["name"]))
+    first = next((w for w in parse_workers(run, None) if run.workers[w].steps), None)
+    item["default_step"] = steady_state_step(run, first) if first else None
+    return item
+
+
+def run_header(index: RunIndex, entry: RunEntry) -> dict:
+    """GPU model, clocks, framework versions and what data is missing and why.
+
+    Devices are counted per model over distinct (host, device id) of all workers. Clocks are
+    the medians of the NVML `sm_clock_mhz` / `mem_clock_mhz` counter tracks in the first
+    worker's steady-state step
+    (null when NVML was not sampled; `missing` then says why). `missing` lists every
+    capability (WorkerMeta and Step) whose status is not `ok`, with its reason and workers.
+    """
+    run = entry.run
+    assert run is not None
+    workers = parse_workers(run, None)
+    models: dict[tuple, int] = {}
+    seen: set[tuple[str, int]] = set()
+    for w in workers:
+        meta = run.workers[w].meta
+        for d in meta.devices:
+            if (meta.host, d.id) in seen:  # workers of one host list the same devices
+                continue
+            seen.add((meta.host, d.id))
+            key = (d.name, d.num_sms, d.total_global_mem_bytes, d.compute_major, d.compute_minor)
+            models[key] = models.get(key, 0) + 1
+    devices = [
+        {
+            "name": name,
+            "count": n,
+            "num_sms": sms,
+            "memory_bytes": mem,
+            "compute_capability": f"{major}.{minor}",
+        }
+        for (name, sms, mem, major, minor), n in models.items()
+    ]
+    first = workers[0]
+    meta = run.workers[first].meta
+    missing: dict[tuple[str, str, str], list[str]] = {}
+    for w in workers:
+        for c in run.workers[w].meta.capabilities:
+            if c.status != "ok":
+                missing.setdefault((c.name, c.status, c.reason), []).append(w)
+    clocks = {"sm_clock_mhz": None, "mem_clock_mhz": None, "source": None}
+    if run.workers[first].steps:
+        step_no = steady_state_step(run, first)
+        try:
+            step = run.load_step(first, step_no)
+        except Exception as exc:  # a corrupt step: the header still answers
+            missing.setdefault(("clocks", "unavailable", str(exc)), []).append(first)
+        else:
+            for c in step.capabilities:
+                if c.status != "ok":
+                    missing.setdefault((c.name, c.status, c.reason), []).append(first)
+            for c in step.counters:
+                if c.name in ("sm_clock_mhz", "mem_clock_mhz") and c.values.size:
+                    finite = c.values[np.isfinite(c.values)]
+                    if finite.size:
+                        clocks[c.name] = float(np.median(finite))
+                        clocks["source"] = f"NVML median, {first} step {step_no}"
+    return {
+        "run": entry.name,
+        "num_workers": len(workers),
+        "world_size": meta.world_size,
+        "backend": meta.backend,
+        "devices": devices,
+        "clocks": clocks,
+        "versions": dict(sorted(meta.versions.items())),
+        "source_format": meta.source_format,
+        "origin": meta.origin,
+        "capabilities": [
+            {"name": c.name, "status": c.status, "reason": c.reason} for c in meta.capabilities
+        ],
+        "missing": [
+            {"name": name, "status": status, "reason": reason, "workers": ws}
+            for (name, status, reason), ws in missing.items()
+        ],
+        "worker_errors": entry.worker_errors,
+    }
+
+
+# Views ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The parsed selection of a request: workers (rank order), steps, one step, extras."""
+
+    workers: tuple[str, ...]
+    steps: tuple[int, ...]
+    params: tuple[tuple[str, str], ...]
+
+    def param(self, key: str, default: str | None = None) -> str | None:
+        return dict(self.params).get(key, default)
+
+
+@dataclass(frozen=True)
+class View:
+    """A route's data function and the query keys (beyond run/workers/steps) it reads."""
+
+    compute: Callable[[Run, Selection], dict]
+    params: tuple[str, ...] = ()
+
+
+VIEWS: dict[str, View] = {}
+
+
+def view(name: str, params: tuple[str, ...] = ()):
+    """Register a data function as the view `name` (the route `/name`)."""
+
+    def register(fn: Callable[[Run, Selection], dict]):
+        VIEWS[name] = View(fn, params)
+        return fn
+
+    return register
+
+
+def _selection(index: RunIndex, spec: View, args) -> tuple[RunEntry, Selection]:
+    entry = resolve_run(index, args.get("run"))
+    run = entry.run
+    workers = parse_workers(run, args.get("workers"))
+    steps = parse_steps(run, workers, args.get("steps"))
+    params = tuple((k, args.get(k, "")) for k in spec.params)
+    return entry, Selection(tuple(workers), tuple(steps), params)
+
+
+def view_payload(index: RunIndex, name: str, args) -> dict:
+    """The view's answer as a dict (DataFrames not yet encoded), with `errors` listing the
+    (worker, step) files of the selection that could not be read and were left out."""
+    spec = VIEWS.get(name)
+    if spec is None:
+        raise errors.NotFoundError(f"no view {name!r}")
+    entry, sel = _selection(index, spec, args)
+    run, bad = index.usable_run(entry, list(sel.workers), list(sel.steps))
+    readable = {s for w in sel.workers for s in run.worker(w).steps}
+    steps = tuple(s for s in sel.steps if s in readable)
+    errs = [{"worker": w, "step": s, "error": e} for (w, s), e in sorted(bad.items())]
+    if not steps:
+        raise errors.NotFoundError(
+            "no readable step in the selection: "
+            + "; ".join(f"{e['worker']} step {e['step']}: {e['error']}" for e in errs)
+        )
+    payload = spec.compute(run, Selection(sel.workers, steps, sel.params))
+    payload["errors"] = errs
+    payload["selection"] = {"workers": list(sel.workers), "steps": list(steps)}
+    return payload
+
+
+def view_json(index: RunIndex, name: str, args) -> bytes:
+    """`view_payload` encoded as JSON, cached per run signature and parameters."""
+    spec = VIEWS.get(name)
+    if spec is None:
+        raise errors.NotFoundError(f"no view {name!r}")
+    entry, sel = _selection(index, spec, args)
+    key = (name, entry.name, entry.signature, sel)
+    return index.cached_result(key, lambda: encode_json(view_payload(index, name, args)))
+
+
+def _compute(fn: Callable[[], pd.DataFrame | dict]):
+    """Run an analysis; its ValueError (a bad sort column, k, metric) becomes a 400."""
+    try:
+        return fn()
+    except ValueError as exc:
+        raise errors.InvalidArgumentError(str(exc)) from None
+
+
+# Top-k tables (backend/topk.py) -------------------------------------------------------------------
+
+TOPK_TABLES = ("operators", "kernels")
+
+
+@view("topk", params=("table", "k", "sort", "q", "by_shape"))
+def topk_view(run: Run, sel: Selection) -> dict:
+    """Operators (`topk.op_table`) or kernels (`topk.kernel_table`) of the selection, the top
+    `k` by `sort` plus an "(other)" row; `q` filters names (case-insensitive substring)."""
+    from tessera_tb.backend import topk
+
+    table = sel.param("table") or "operators"
+    if table not in TOPK_TABLES:
+        raise errors.InvalidArgumentError(f"table must be one of {', '.join(TOPK_TABLES)}")
+    k = parse_int(sel.param("k"), 20, 1, 100_000, "k")
+    sort = sel.param("sort") or None
+    search = sel.param("q") or None
+    workers, steps = list(sel.workers), list(sel.steps)
+    if table == "operators":
+        by_shape = sel.param("by_shape") in ("1", "true")
+        df = _compute(
+            lambda: topk.op_table(
+                run, workers, steps, by_input_dims=by_shape, sort=sort, k=k, search=search
+            )
+        )
+    else:
+        df = _compute(
+            lambda: topk.kernel_table(
+                run, workers, steps, sort=sort or "total_dur_ns", k=k, search=search
+            )
+        )
+    return {"table": table, "k": k, "sort": sort, "tables": {table: df}}
+
+
+# Downloads ----------------------------------------------------------------------------------------
+
+_FILENAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+_CSV_FORMULA_START = ("=", "+", "@", "\t", "\r")
+
+
+def download_name(*parts: object, suffix: str) -> str:
+    """A file name made of `parts` with only [A-Za-z0-9._-] (names come from users)."""
+    text = "_".join(_FILENAME_UNSAFE.sub("_", str(p)).strip("._") for p in parts if str(p))
+    return (text or "tessera")[:180] + suffix
+
+
+def table_csv(index: RunIndex, args) -> tuple[bytes, str]:
+    """One table of a view as CSV: `view` and `table` name it, the other parameters are the
+    view's. Text cells that a spreadsheet would run as a formula get a leading quote."""
+    name = args.get("view", "")
+    table = args.get("table", "")
+    payload = view_payload(index, name, args)
+    tables = payload.get("tables", {})
+    if table not in tables:
+        raise errors.NotFoundError(
+            f"view {name!r} has no table {table!r}; it has {', '.join(sorted(tables)) or 'none'}"
+        )
+    df = tables[table].copy()
+    for c in df.columns:
+        if df[c].dtype == object or pd.api.types.is_string_dtype(df[c]):
+            text = df[c].astype(object).where(df[c].notna(), "").astype(str)
+            risky = text.str.startswith(_CSV_FORMULA_START)
+            df[c] = df[c].where(~risky, "'" + text)
+    body = df.to_csv(index=False).encode()
+    return body, download_name(args.get("run"), name, table, suffix=".csv")
+
+
+def chrome_trace(index: RunIndex, args) -> tuple[bytes, str]:
+    """A step (or a window of it) as Chrome/Perfetto trace JSON."""
+    raise errors.NotFoundError("the Chrome trace exporter is not available yet")

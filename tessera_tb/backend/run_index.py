@@ -1,0 +1,324 @@
+"""The plugin's view of a logdir: which runs exist, and caches of loaded steps and results.
+
+Runs are found by walking the logdir for `plugins/tessera/` (`layout.find_runs`), because
+TensorBoard's data provider does not list raw plugin files. A background thread rescans every
+`refresh_s` seconds; a request never waits for a rescan (only the very first scan, once). A run
+that a request touches is also revalidated by a stat of its workers' `meta.pb` files at most
+once a second, so a step written a moment ago shows up without waiting for the thread.
+
+Errors stay where they happen: a run whose every worker is unreadable is listed with its error,
+a corrupt `meta.pb` hides only that worker, and a corrupt step file hides only that step of that
+worker (`RunIndex.usable_run`).
+
+Run, worker and step names from requests are looked up in the discovered maps, never joined
+into a path.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+from tessera_tb.proto import trace_pb2 as pb
+from tessera_tb.trace import layout
+from tessera_tb.trace.errors import TraceFormatError
+from tessera_tb.trace.reader import Run, WorkerInfo, read_meta, read_step_file
+from tessera_tb.trace.step import StepData
+
+logger = logging.getLogger(__name__)
+
+# (worker, mtime_ns, size) of every meta.pb of a run: it changes whenever a step is added.
+Signature = tuple[tuple[str, int, int], ...]
+
+
+@dataclass
+class RunEntry:
+    """One discovered run: its `Run` (workers that could be read) and what could not be read."""
+
+    name: str
+    path: str
+    signature: Signature
+    run: Run | None
+    error: str | None = None
+    worker_errors: dict[str, str] = field(default_factory=dict)
+    checked_at: float = 0.0
+
+
+class CachedRun(Run):
+    """A `Run` whose steps come from the index's step cache (analyses call `load_step`)."""
+
+    def __init__(self, path: str, workers: dict[str, WorkerInfo], index: RunIndex):
+        super().__init__(path, workers)
+        self._index = index
+
+    def load_step(self, worker: str, step: int) -> StepData:
+        return self._index.load_step_file(self.worker(worker).step_path(step))
+
+    def iter_steps(
+        self, workers: Iterable[str] | None = None, steps: Iterable[int] | None = None
+    ) -> Iterator[tuple[str, StepData]]:
+        wanted = set(steps) if steps is not None else None
+        for name in workers if workers is not None else sorted(self.workers):
+            for s in self.worker(name).steps:
+                if wanted is None or s in wanted:
+                    yield name, self.load_step(name, s)
+
+
+class _LRU:
+    """A thread-safe LRU map bounded by the summed `size` of its values (bytes, estimated)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.total_bytes = 0
+        self._items: OrderedDict[object, tuple[object, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        with self._lock:
+            item = self._items.get(key)
+            if item is None:
+                return None
+            self._items.move_to_end(key)
+            return item[0]
+
+    def put(self, key, value, size: int) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.total_bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._items[key] = (value, size)
+            self.total_bytes += size
+            while self.total_bytes > self.max_bytes and self._items:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self.total_bytes -= dropped
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def step_nbytes(step: StepData) -> int:
+    """Estimated memory held by a loaded step, in bytes (numpy buffers + strings)."""
+    total = sum(a.nbytes for a in step.events.values())
+    total += sum(a.rows.nbytes + a.values.nbytes for a in step.attrs)
+    total += sum(a.nbytes for a in step.flows.values())
+    total += sum(c.ts_ns.nbytes + c.values.nbytes for c in step.counters)
+    total += sum(len(s) + 56 for s in step.strings)
+    return int(total) + 4096
+
+
+def _meta_signature(run_dir: str) -> Signature:
+    pdir = layout.plugin_dir(run_dir)
+    sig = []
+    try:
+        names = sorted(os.listdir(pdir))
+    except OSError:
+        return ()
+    for name in names:
+        if name.startswith("."):
+            continue
+        try:
+            st = os.stat(os.path.join(pdir, name, layout.META_FILE))
+        except OSError:
+            continue
+        sig.append((name, st.st_mtime_ns, st.st_size))
+    return tuple(sig)
+
+
+class RunIndex:
+    """Discovered runs of one logdir, plus LRU caches of step files and route results."""
+
+    def __init__(
+        self,
+        logdir: str,
+        refresh_s: float = 5.0,
+        step_cache_bytes: int = 1 << 30,
+        result_cache_bytes: int = 256 << 20,
+    ):
+        self.logdir = os.path.abspath(os.path.expanduser(logdir)) if logdir else ""
+        self.refresh_s = refresh_s
+        self._entries: dict[str, RunEntry] = {}
+        self._lock = threading.Lock()
+        self._scanned = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._steps = _LRU(step_cache_bytes)
+        self._results = _LRU(result_cache_bytes)
+        self._bad_steps: dict[str, str] = {}
+
+    # Discovery ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the background rescan thread (idempotent)."""
+        with self._lock:
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(
+                target=self._loop, name="tessera-run-index", daemon=True
+            )
+            self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self.refresh()
+            except Exception:  # a scan must never kill the thread
+                logger.exception("rescan of %s failed", self.logdir)
+            finally:
+                self._scanned.set()
+            time.sleep(self.refresh_s)
+
+    def refresh(self) -> None:
+        """Rescan the logdir: new runs appear, deleted ones go, changed ones are reopened."""
+        found = layout.find_runs(self.logdir) if self.logdir else {}
+        with self._lock:
+            old = dict(self._entries)
+        entries = {}
+        for name, path in found.items():
+            entries[name] = self._revalidated(old.get(name), name, path)
+        with self._lock:
+            self._entries = entries
+        self._scanned.set()
+
+    def _revalidated(self, entry: RunEntry | None, name: str, path: str) -> RunEntry:
+        sig = _meta_signature(path)
+        if entry is not None and entry.signature == sig and entry.path == path:
+            entry.checked_at = time.monotonic()
+            return entry
+        return self._open(name, path, sig)
+
+    def _open(self, name: str, path: str, sig: Signature) -> RunEntry:
+        workers, errors = {}, {}
+        pdir = layout.plugin_dir(path)
+        for worker, _, _ in sig:
+            wdir = os.path.join(pdir, worker)
+            try:
+                layout.check_worker_name(worker)
+                workers[worker] = WorkerInfo(
+                    worker, wdir, read_meta(os.path.join(wdir, layout.META_FILE))
+                )
+            except (TraceFormatError, ValueError) as exc:
+                errors[worker] = str(getattr(exc, "problem", exc))
+        run = CachedRun(path, workers, self) if workers else None
+        error = None
+        if run is None:
+            error = (
+                "no readable worker: " + "; ".join(f"{w}: {e}" for w, e in errors.items())
+                if errors
+                else "run has no workers (no plugins/tessera/<worker>/meta.pb)"
+            )
+        return RunEntry(name, path, sig, run, error, errors, time.monotonic())
+
+    def wait_first_scan(self, timeout_s: float = 60.0) -> None:
+        self.start()
+        self._scanned.wait(timeout_s)
+
+    def entries(self) -> dict[str, RunEntry]:
+        """The runs as of the last scan, by name (waits only for the first scan)."""
+        self.wait_first_scan()
+        with self._lock:
+            return dict(self._entries)
+
+    def entry(self, name: str) -> RunEntry:
+        """The run named `name` (exactly as listed), revalidated by a stat if a second old.
+
+        Raises KeyError when there is no such run.
+        """
+        entries = self.entries()
+        entry = entries.get(name)
+        if entry is None:
+            raise KeyError(name)
+        if time.monotonic() - entry.checked_at > 1.0:
+            fresh = self._revalidated(entry, name, entry.path)
+            if fresh is not entry:
+                with self._lock:
+                    if self._entries.get(name) is entry:
+                        self._entries[name] = fresh
+                entry = fresh
+        return entry
+
+    # Steps -------------------------------------------------------------------------------
+
+    def load_step_file(self, path: str) -> StepData:
+        """A step file through the LRU cache (keyed by path, mtime and size)."""
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        step = self._steps.get(key)
+        if step is None:
+            try:
+                step = read_step_file(path)
+            except TraceFormatError as exc:
+                step = exc  # remembered, so a corrupt file is not parsed on every request
+            self._steps.put(key, step, step_nbytes(step) if isinstance(step, StepData) else 1024)
+        if isinstance(step, TraceFormatError):
+            self._bad_steps[path] = step.problem
+            raise step
+        self._bad_steps.pop(path, None)
+        return step
+
+    def known_step_errors(self, entry: RunEntry) -> dict[tuple[str, int], str]:
+        """{(worker, step): problem} for the run's step files that failed to load so far."""
+        if entry.run is None or not self._bad_steps:
+            return {}
+        out = {}
+        for w, info in entry.run.workers.items():
+            for s in info.steps:
+                problem = self._bad_steps.get(info.step_path(s))
+                if problem is not None:
+                    out[(w, s)] = problem
+        return out
+
+    def usable_run(
+        self, entry: RunEntry, workers: list[str], steps: list[int]
+    ) -> tuple[Run, dict[tuple[str, int], str]]:
+        """The run restricted to the (worker, step) files of the selection that load.
+
+        Loads every selected step (into the cache) and returns a run whose workers list only
+        the steps that loaded, plus {(worker, step): error} for those that did not. Analyses
+        given this run never meet a corrupt file.
+        """
+        assert entry.run is not None
+        bad: dict[tuple[str, int], str] = {}
+        wanted = set(steps)
+        for w in workers:
+            info = entry.run.worker(w)
+            for s in info.steps:
+                if s in wanted:
+                    try:
+                        self.load_step_file(info.step_path(s))
+                    except (TraceFormatError, OSError) as exc:
+                        bad[(w, s)] = str(getattr(exc, "problem", exc))
+        if not bad:
+            return entry.run, bad
+        filtered = {}
+        for name, info in entry.run.workers.items():
+            meta = pb.WorkerMeta()
+            meta.CopyFrom(info.meta)
+            keep = [e for e in info.meta.steps if (name, e.step) not in bad]
+            del meta.steps[:]
+            meta.steps.extend(keep)
+            filtered[name] = WorkerInfo(info.name, info.directory, meta)
+        return CachedRun(entry.path, filtered, self), bad
+
+    # Results -----------------------------------------------------------------------------
+
+    def cached_result(self, key: tuple, compute: Callable[[], bytes]) -> bytes:
+        """A route's encoded answer, computed once per key (the key holds the run signature)."""
+        value = self._results.get(key)
+        if value is None:
+            value = compute()
+            self._results.put(key, value, len(value) + 256)
+        return value
+
+    def cache_stats(self) -> dict[str, int]:
+        return {
+            "steps": len(self._steps),
+            "step_bytes": self._steps.total_bytes,
+            "results": len(self._results),
+            "result_bytes": self._results.total_bytes,
+        }

@@ -1,0 +1,78 @@
+"""The tab in headless Chromium: selectors, run header, state in the URL, hostile names."""
+
+from __future__ import annotations
+
+import urllib.parse
+
+from tests.plugin.conftest import HOSTILE_KERNEL, HOSTILE_RUN
+
+
+def test_the_tab_opens_on_a_run_with_its_header_and_selectors(tab):
+    tab.open(run="ddp_gpt_2rank", view="kernels")
+    f = tab.frame
+    assert f.locator(".run-select").input_value() == "ddp_gpt_2rank"
+    assert f.locator(".worker-select option").all_inner_texts()[:3] == [
+        "all workers (2)",
+        "rank0 (rank 0)",
+        "rank1 (rank 1)",
+    ]
+    assert f.locator(".step-from").input_value() == "4"
+    assert f.locator(".step-to").input_value() == "6"
+    header = f.locator(".run-header").inner_text()
+    assert "2 × NVIDIA H200 (132 SMs" in header
+    assert "SM 1980 MHz" in header
+    assert "nccl 2.28.9" in header
+    f.locator(".run-header details.missing summary").click()
+    assert "recorded without with_stack=True" in f.locator(".run-header .missing").inner_text()
+    tab.screenshot("shell_kernels")
+    tab.assert_clean()
+
+
+def test_selection_is_kept_in_the_page_url_so_a_link_reopens_it(tab):
+    tab.open(run="fsdp_gpt_4rank", view="operators")
+    tab.frame.select_option(".worker-select", "rank2")
+    tab.wait_ready("operators")
+    tab.frame.select_option(".step-from", "5")
+    tab.wait_ready("operators")
+    fragment = urllib.parse.unquote(tab.page.url.split("#", 1)[1])
+    assert fragment.startswith("tessera&")
+    assert "t.run=fsdp_gpt_4rank" in fragment and "t.workers=rank2" in fragment
+    assert "t.steps=5-6" in fragment and "t.view=operators" in fragment
+    url = tab.page.url
+    tab.page.goto("about:blank")
+    tab.page.goto(url)
+    tab.frame = tab.page.wait_for_selector('iframe[src*="name=tessera"]').content_frame()
+    tab.wait_ready("operators")
+    assert tab.frame.locator(".worker-select").input_value() == "rank2"
+    assert tab.frame.locator(".step-from").input_value() == "5"
+    tab.assert_clean()
+
+
+def test_html_in_run_and_kernel_names_is_shown_as_text_and_never_runs(tab):
+    tab.open(run=HOSTILE_RUN, view="kernels")
+    f = tab.frame
+    options = f.locator(".run-select option").all_inner_texts()
+    assert HOSTILE_RUN in options
+    assert f.locator(".run-select").input_value() == HOSTILE_RUN
+    names = f.locator("table.topk-kernels tbody tr td:first-child").all_inner_texts()
+    assert HOSTILE_KERNEL in names
+    assert f.locator("img").count() == 0 and f.locator("table b").count() == 0
+    tab.screenshot("hostile_kernels")
+    tab.assert_clean()  # no alert() dialog, no console error
+
+
+def test_an_unreadable_run_is_shown_but_cannot_be_chosen(tab):
+    tab.open(run="ddp_gpt_2rank", view="operators")
+    option = tab.frame.locator('.run-select option[value="broken_run"]')
+    assert option.inner_text() == "broken_run (unreadable)"
+    assert option.is_disabled()
+    tab.assert_clean()
+
+
+def test_a_corrupt_step_is_named_above_the_view(tab):
+    tab.open(run="corrupt_step", view="kernels")
+    errors = tab.frame.locator(".errors .step-error").all_inner_texts()
+    assert len(errors) == 1 and errors[0].startswith("worker0 step 5: corrupt step file")
+    assert tab.frame.locator("table.topk-kernels tbody tr").count() > 1
+    tab.screenshot("corrupt_step_kernels")
+    tab.assert_clean()
