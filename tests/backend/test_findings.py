@@ -262,3 +262,15 @@ def test_time_with_nothing_recorded_is_unrecorded_idle():
     assert df["kind"].tolist() == ["unrecorded_idle"]
     assert df.iloc[0]["win_ms_per_step"] == pytest.approx(500 / 1e6)
     assert df.iloc[0]["win_pct_of_step"] == pytest.approx(50.0)
+
+
+@pytest.mark.parametrize("run_name", ["gpt_1gpu", "ddp_gpt_2rank", "fsdp_gpt_4rank"])
+def test_problems_below_the_threshold_stay_silent(run_name):
+    """The GPT runs launch some short kernels and record almost no idle time: both stay
+    under 2% of the step, so neither is reported, though both are measured."""
+    run = open_run(os.path.join(DEMO_RUNS, run_name))
+    df = findings(run, steps=run.steps)
+    assert not df["kind"].isin(["launch_bound_kernels", "unrecorded_idle"]).any()
+    everything = findings(run, steps=run.steps, min_win_pct=0)
+    assert everything["kind"].isin(["launch_bound_kernels"]).any()
+    assert everything["kind"].isin(["unrecorded_idle"]).any()
