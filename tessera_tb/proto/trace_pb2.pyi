@@ -342,3 +342,81 @@ class WorkerMeta(_message.Message):
     capabilities: _containers.RepeatedCompositeFieldContainer[Capability]
     origin: str
     def __init__(self, schema_major: _Optional[int] = ..., schema_minor: _Optional[int] = ..., worker: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceProperties, _Mapping]]] = ..., clock_base_ns: _Optional[int] = ..., versions: _Optional[_Mapping[str, str]] = ..., process_groups: _Optional[_Iterable[_Union[ProcessGroup, _Mapping]]] = ..., backend: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ..., source_format: _Optional[str] = ..., trace_meta_json: _Optional[str] = ..., steps: _Optional[_Iterable[_Union[StepIndexEntry, _Mapping]]] = ..., capabilities: _Optional[_Iterable[_Union[Capability, _Mapping]]] = ..., origin: _Optional[str] = ...) -> None: ...
+
+class KernelCounterMetric(_message.Message):
+    __slots__ = ("name", "unit", "source_unit", "source", "capability", "values")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_UNIT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    unit: str
+    source_unit: str
+    source: str
+    capability: str
+    values: Column
+    def __init__(self, name: _Optional[str] = ..., unit: _Optional[str] = ..., source_unit: _Optional[str] = ..., source: _Optional[str] = ..., capability: _Optional[str] = ..., values: _Optional[_Union[Column, _Mapping]] = ...) -> None: ...
+
+class KernelMatchReport(_message.Message):
+    __slots__ = ("profiled_kernels", "run_kernels", "matched", "matched_base_name", "mismatched", "outside", "offset", "tied_offsets", "first_mismatches")
+    PROFILED_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    RUN_KERNELS_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_BASE_NAME_FIELD_NUMBER: _ClassVar[int]
+    MISMATCHED_FIELD_NUMBER: _ClassVar[int]
+    OUTSIDE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIED_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    FIRST_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
+    profiled_kernels: int
+    run_kernels: int
+    matched: int
+    matched_base_name: int
+    mismatched: int
+    outside: int
+    offset: int
+    tied_offsets: int
+    first_mismatches: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, profiled_kernels: _Optional[int] = ..., run_kernels: _Optional[int] = ..., matched: _Optional[int] = ..., matched_base_name: _Optional[int] = ..., mismatched: _Optional[int] = ..., outside: _Optional[int] = ..., offset: _Optional[int] = ..., tied_offsets: _Optional[int] = ..., first_mismatches: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class KernelCounters(_message.Message):
+    __slots__ = ("schema_major", "schema_minor", "worker", "source", "source_format", "match_method", "match_note", "compute_capability", "count", "profiled_id", "name_id", "step", "row", "match", "strings", "metrics", "report", "device_name")
+    SCHEMA_MAJOR_FIELD_NUMBER: _ClassVar[int]
+    SCHEMA_MINOR_FIELD_NUMBER: _ClassVar[int]
+    WORKER_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FORMAT_FIELD_NUMBER: _ClassVar[int]
+    MATCH_METHOD_FIELD_NUMBER: _ClassVar[int]
+    MATCH_NOTE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_CAPABILITY_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    PROFILED_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    ROW_FIELD_NUMBER: _ClassVar[int]
+    MATCH_FIELD_NUMBER: _ClassVar[int]
+    STRINGS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_NAME_FIELD_NUMBER: _ClassVar[int]
+    schema_major: int
+    schema_minor: int
+    worker: str
+    source: str
+    source_format: str
+    match_method: str
+    match_note: str
+    compute_capability: str
+    count: int
+    profiled_id: Column
+    name_id: Column
+    step: Column
+    row: Column
+    match: Column
+    strings: StringTable
+    metrics: _containers.RepeatedCompositeFieldContainer[KernelCounterMetric]
+    report: KernelMatchReport
+    device_name: str
+    def __init__(self, schema_major: _Optional[int] = ..., schema_minor: _Optional[int] = ..., worker: _Optional[str] = ..., source: _Optional[str] = ..., source_format: _Optional[str] = ..., match_method: _Optional[str] = ..., match_note: _Optional[str] = ..., compute_capability: _Optional[str] = ..., count: _Optional[int] = ..., profiled_id: _Optional[_Union[Column, _Mapping]] = ..., name_id: _Optional[_Union[Column, _Mapping]] = ..., step: _Optional[_Union[Column, _Mapping]] = ..., row: _Optional[_Union[Column, _Mapping]] = ..., match: _Optional[_Union[Column, _Mapping]] = ..., strings: _Optional[_Union[StringTable, _Mapping]] = ..., metrics: _Optional[_Iterable[_Union[KernelCounterMetric, _Mapping]]] = ..., report: _Optional[_Union[KernelMatchReport, _Mapping]] = ..., device_name: _Optional[str] = ...) -> None: ...
