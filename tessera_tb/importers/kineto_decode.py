@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import gzip
 import zlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -39,22 +40,20 @@ class RawEvent(msgspec.Struct):
 KINETO_SCHEMA_MAX = 1
 
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[RawEvent])
 _ANY = msgspec.json.Decoder()
 
-
-@dataclass
-class RawTrace:
-    path: str
-    events: list[RawEvent]
-    meta: dict[str, Any]  # every top-level key but traceEvents
-    json_bytes: int
+# Events are decoded into Python objects this many at a time and turned into columns
+# before the next batch, so peak memory holds the JSON text plus one batch of objects
+# rather than every event as an object (bench/ingest.py measures the peak).
+CHUNK_EVENTS = 8192
 
 
 @contextmanager
-def _gc_paused():
-    # Decoding allocates millions of objects that all survive; the collector would
-    # walk them over and over for nothing.
+def gc_paused():
+    """Pause the garbage collector: decoding allocates millions of objects that all
+    survive, and the collector would walk them over and over for nothing."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -62,6 +61,31 @@ def _gc_paused():
     finally:
         if was_enabled:
             gc.enable()
+
+
+@dataclass
+class RawTrace:
+    path: str
+    raw_events: list[msgspec.Raw]  # each entry of traceEvents, undecoded
+    meta: dict[str, Any]  # every top-level key but traceEvents
+    json_bytes: int
+
+    def iter_chunks(self, size: int | None = None) -> Iterator[tuple[int, list[RawEvent]]]:
+        """(index of the first event, decoded events) for consecutive batches of events."""
+        size = size or CHUNK_EVENTS
+        for offset in range(0, len(self.raw_events), size):
+            batch = self.raw_events[offset : offset + size]
+            with gc_paused():
+                try:
+                    events = _EVENTS.decode(b"[" + b",".join(batch) + b"]")
+                except msgspec.ValidationError as exc:
+                    raise TraceFormatError(self.path, _describe_validation(exc, offset)) from None
+            yield offset, events
+
+    @property
+    def events(self) -> list[RawEvent]:
+        """Every event decoded at once (small traces, tests)."""
+        return [e for _, chunk in self.iter_chunks() for e in chunk]
 
 
 def read_bytes(path: str) -> bytes:
@@ -83,23 +107,23 @@ def read_bytes(path: str) -> bytes:
     return data
 
 
-def _describe_validation(exc: msgspec.ValidationError) -> str:
+def _describe_validation(exc: msgspec.ValidationError, offset: int = 0) -> str:
     msg = str(exc)
     # msgspec says "... - at `$[12].ts`"; name the event by its index in traceEvents.
     if " - at `$[" in msg:
         head, _, where = msg.partition(" - at `$[")
         index, _, rest = where.partition("]")
         field = rest.strip("`").lstrip(".") or "event"
-        return f"traceEvents[{int(index)}] field {field!r}: {head}"
+        return f"traceEvents[{int(index) + offset}] field {field!r}: {head}"
     return msg
 
 
 def decode(path: str, data: bytes) -> RawTrace:
-    """Decode the JSON text of a trace file."""
+    """Split the JSON text of a trace file into its metadata and its undecoded events."""
     stripped = data.lstrip()
     if not stripped:
         raise TraceFormatError(path, "empty file, expected a JSON trace")
-    with _gc_paused():
+    with gc_paused():
         try:
             if stripped[:1] == b"[":
                 top: dict[str, Any] = {}
@@ -109,13 +133,9 @@ def decode(path: str, data: bytes) -> RawTrace:
                 if "traceEvents" not in top:
                     raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
                 events_raw = top.pop("traceEvents")
-            events = _EVENTS.decode(events_raw)
+            raw_events = _RAW_LIST.decode(events_raw)
         except msgspec.ValidationError as exc:
-            if " - at `$[" not in str(exc):
-                raise TraceFormatError(
-                    path, f"'traceEvents' is not a list of events ({exc})"
-                ) from None
-            raise TraceFormatError(path, _describe_validation(exc)) from None
+            raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"not valid JSON ({exc})") from None
         meta = {k: _ANY.decode(v) for k, v in top.items()}
@@ -126,7 +146,7 @@ def decode(path: str, data: bytes) -> RawTrace:
             f"schemaVersion {version} is newer than the Kineto trace formats this importer "
             f"reads (up to {KINETO_SCHEMA_MAX}): upgrade tessera-profiler",
         )
-    return RawTrace(path=path, events=events, meta=meta, json_bytes=len(data))
+    return RawTrace(path=path, raw_events=raw_events, meta=meta, json_bytes=len(data))
 
 
 def read_trace(path: str) -> RawTrace:

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-import msgspec
 import numpy as np
 
-from tessera_tb.importers.kineto_decode import RawEvent, RawTrace
+from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
+from tessera_tb.importers.kineto_decode import RawTrace
 from tessera_tb.trace.errors import TraceFormatError
-from tessera_tb.trace.step import FLOW_PHASES, KIND, Attr, StepData, TrackInfo
+from tessera_tb.trace.step import KIND, Attr, StepData, TrackInfo
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(-?\d+)$")
 _STEP_CATS = {"user_annotation", "operator"}
@@ -57,52 +56,6 @@ _HOST_TREE = np.array([KIND[k] for k in ("cpu_op", "annotation", "runtime", "dri
 _LAUNCHERS = np.array([KIND["runtime"], KIND["driver"]], np.uint8)
 _COLLECTIVE_PREFIXES = ("nccl", "rccl")
 
-# Arguments promoted to event columns rather than kept as attributes.
-_CORRELATION_KEYS = ("correlation",)
-_EXTERNAL_ID_KEYS = ("External id", "external id")
-_PROMOTED = set(_CORRELATION_KEYS) | set(_EXTERNAL_ID_KEYS)
-
-_MISSING = object()
-_JSON = msgspec.json.Encoder()
-_INT64_MAX = 2**63 - 1
-
-
-class StringTable:
-    """Interns strings: the same text gets the same id within one worker's import."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {"": 0}
-        self.strings: list[str] = [""]
-
-    def intern_many(self, values: list[str]) -> np.ndarray:
-        ids, strings = self.ids, self.strings
-        out = np.empty(len(values), dtype=np.int32)
-        for i, v in enumerate(values):
-            j = ids.get(v)
-            if j is None:
-                j = ids[v] = len(strings)
-                strings.append(v)
-            out[i] = j
-        return out
-
-    def intern(self, value: str) -> int:
-        j = self.ids.get(value)
-        if j is None:
-            j = self.ids[value] = len(self.strings)
-            self.strings.append(value)
-        return j
-
-
-def us_to_ns(us: np.ndarray) -> np.ndarray:
-    """Microseconds (Kineto's float ts/dur, 3 decimals) -> integer ns without float rounding loss.
-
-    Multiplying an absolute epoch-µs timestamp (~1.7e15) by 1000 would lose precision in
-    float64; splitting off the whole microseconds keeps every nanosecond the JSON holds.
-    """
-    whole = np.floor(us)
-    frac_ns = np.rint((us - whole) * 1000.0).astype(np.int64)
-    return whole.astype(np.int64) * 1000 + frac_ns
-
 
 @dataclass
 class SpanResult:
@@ -113,88 +66,21 @@ class SpanResult:
     warnings: list[str] = field(default_factory=list)
 
 
-def _first_missing(values: np.ndarray, index: np.ndarray, path: str, field_name: str, ph: str):
-    bad = np.flatnonzero(~np.isfinite(values))
-    if bad.size:
-        i = int(index[bad[0]])
-        raise TraceFormatError(
-            path,
-            f"traceEvents[{i}] (ph {ph!r}) has no numeric {field_name!r} ({bad.size} such events)",
-        )
-
-
-def _int_or_none(v: Any) -> int:
-    if isinstance(v, bool) or v is None:
-        return 0
-    if isinstance(v, int):
-        return v
-    if isinstance(v, str):
-        try:
-            return int(v, 0)
-        except ValueError:
-            return 0
-    return int(v) if isinstance(v, float) and v.is_integer() else 0
-
-
-class _Tracks:
-    """Maps (pid, tid) as the source spells them onto track ids; "25738" and 25738 are one."""
-
-    def __init__(self) -> None:
-        self.by_raw: dict[tuple, int] = {}
-        self.by_key: dict[tuple[str, str], int] = {}
-        self.keys: list[tuple[str, str]] = []
-
-    def ids(self, events: list[RawEvent]) -> np.ndarray:
-        by_raw = self.by_raw
-        out = np.empty(len(events), dtype=np.int32)
-        for i, e in enumerate(events):
-            raw = (e.pid, e.tid)
-            j = by_raw.get(raw)
-            if j is None:
-                key = (str(e.pid), str(e.tid))
-                j = self.by_key.get(key)
-                if j is None:
-                    j = self.by_key[key] = len(self.keys)
-                    self.keys.append(key)
-                by_raw[raw] = j
-            out[i] = j
-        return out
-
-
 def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: int) -> SpanResult:
     """Convert a decoded trace into StepData, one per step (in step order)."""
     path = trace.path
-    events = trace.events
     warnings: list[str] = []
-
-    ph_all = np.array([e.ph for e in events], dtype=object)
-    idx_slices = np.flatnonzero((ph_all == "X") | (ph_all == "i") | (ph_all == "I"))
-    idx_flows = np.flatnonzero((ph_all == "s") | (ph_all == "t") | (ph_all == "f"))
-    idx_meta = np.flatnonzero(ph_all == "M")
-    other = ph_all.size - idx_slices.size - idx_flows.size - idx_meta.size
-    if other:
-        phases = sorted(set(ph_all.tolist()) - {"X", "i", "I", "s", "t", "f", "M"})
+    cols = span_columns(trace, strings, base_ns)
+    if cols.skipped_phases:
         warnings.append(
-            f"{path}: {other} events of phase {phases} are not part of the Kineto format; skipped"
+            f"{path}: events of phase(s) {cols.skipped_phases} are not part of the Kineto "
+            "format; skipped"
         )
-
-    evs = [events[i] for i in idx_slices]
-    n = len(evs)
-    ts = np.array([e.ts for e in evs], dtype=np.float64)
-    _first_missing(ts, idx_slices, path, "ts", "X")
-    is_x = ph_all[idx_slices] == "X"
-    dur = np.array([e.dur if x else 0.0 for e, x in zip(evs, is_x.tolist())], dtype=np.float64)
-    _first_missing(dur, idx_slices, path, "dur", "X")
-    if n and (dur < 0).any():
-        i = int(idx_slices[np.flatnonzero(dur < 0)[0]])
-        raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
-    start_ns = base_ns + us_to_ns(ts) if n else np.zeros(0, np.int64)
-    dur_ns = us_to_ns(dur) if n else np.zeros(0, np.int64)
-    names = [e.name for e in evs]
-    name_id = strings.intern_many(names)
-    cat_id = strings.intern_many([e.cat for e in evs])
-    tracks = _Tracks()
-    track_id = tracks.ids(evs)
+    n = cols.count
+    start_ns, dur_ns, is_x = cols.start_ns, cols.dur_ns, cols.is_x
+    name_id, cat_id, track_id = cols.name_id, cols.cat_id, cols.track_id
+    correlation, external_id, attrs = cols.correlation, cols.external_id, cols.attrs
+    tracks = cols.tracks
 
     # Kinds, by category, then refined by name.
     kind = np.zeros(n, dtype=np.uint8)
@@ -206,12 +92,6 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         kind[(name_id == memory_id) & ~is_x] = KIND["memory"]
     kind[(~is_x) & (kind == KIND["other"])] = KIND["mark"]
 
-    # Arguments: promoted columns and sparse attributes.
-    args = [e.args for e in evs]
-    correlation = np.zeros(n, dtype=np.int64)
-    external_id = np.zeros(n, dtype=np.int64)
-    attrs = _build_attrs(args, cat_id, strings, correlation, external_id)
-
     coll_rows = next((a.rows for a in attrs if a.key == "Collective name"), None)
     kernel = kind == KIND["kernel"]
     if coll_rows is not None:
@@ -220,12 +100,12 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         if strings.strings[nid].startswith(_COLLECTIVE_PREFIXES):
             kind[kernel & (name_id == nid)] = KIND["collective"]
 
-    track_infos = _track_infos(tracks, kind, track_id, attrs, [events[i] for i in idx_meta])
+    track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
     parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id)
     launch = _launch_links(kind, correlation)
 
     # Steps.
-    step_rows = _step_marker_rows(names, cat_id, strings, is_x)
+    step_rows = _step_marker_rows(name_id, cat_id, strings, is_x)
     # Before 2022 step markers were "Operator" events like any op: they are annotations.
     kind[[r for _, r in step_rows]] = KIND["annotation"]
     if step_rows:
@@ -255,17 +135,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         span_start[i] = max(host_start[i], span_end[i - 1])
         span_end[i] = max(span_end[i], span_start[i])
 
-    flows, flow_warn = _build_flows(
-        [events[i] for i in idx_flows],
-        strings,
-        tracks,
-        start_ns,
-        dur_ns,
-        track_id,
-        parent,
-        base_ns,
-        path,
-    )
+    flows, flow_warn = _bind_flows(cols.flows, start_ns, dur_ns, track_id, parent, path)
     if flow_warn:
         warnings.append(flow_warn)
     if flows["flow_id"].size:
@@ -279,7 +149,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         flow_step = np.zeros(0, dtype=np.int64)
     # New tracks may have come from flow points; describe them too.
     if len(tracks.keys) > len(track_infos):
-        track_infos = _track_infos(tracks, kind, track_id, attrs, [events[i] for i in idx_meta])
+        track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
 
     steps = _split_steps(
         n_steps=n_steps,
@@ -311,80 +181,22 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     )
 
 
-def _step_marker_rows(names, cat_id, strings: StringTable, is_x) -> list[tuple[int, int]]:
-    step_cats = {i for s, i in strings.ids.items() if s.lower() in _STEP_CATS}
-    out = []
+def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple[int, int]]:
+    """(step number, row) of every ProfilerStep#N slice of a step-marker category."""
+    step_cats = [i for s, i in strings.ids.items() if s.lower() in _STEP_CATS]
     if not step_cats:
-        return out
-    for row in np.flatnonzero(np.isin(cat_id, list(step_cats)) & is_x).tolist():
-        m = _STEP_NAME.match(names[row])
+        return []
+    candidates = np.flatnonzero(np.isin(cat_id, step_cats) & is_x)
+    out = []
+    for nid in np.unique(name_id[candidates]).tolist():
+        m = _STEP_NAME.match(strings.strings[nid])
         if m:
-            out.append((int(m.group(1)), row))
+            for row in candidates[name_id[candidates] == nid].tolist():
+                out.append((int(m.group(1)), row))
     return out
 
 
-def _build_attrs(
-    args: list[dict | None],
-    cat_id: np.ndarray,
-    strings: StringTable,
-    correlation: np.ndarray,
-    external_id: np.ndarray,
-) -> list[Attr]:
-    """Sparse typed attribute columns from the events' args (grouped by category for speed)."""
-    per_key: dict[str, list[tuple[np.ndarray, list]]] = {}
-    has_args = np.fromiter(
-        (a is not None and len(a) > 0 for a in args), dtype=bool, count=len(args)
-    )
-    for cid in np.unique(cat_id[has_args]):
-        rows = np.flatnonzero(has_args & (cat_id == cid))
-        group = [args[r] for r in rows.tolist()]
-        keys: set[str] = set()
-        for a in group:
-            keys.update(a)
-        for key in keys:
-            vals = [a.get(key, _MISSING) for a in group]
-            present = np.fromiter(
-                (v is not _MISSING and v is not None for v in vals), dtype=bool, count=len(vals)
-            )
-            if not present.any():
-                continue
-            prow = rows[present]
-            pvals = [v for v, p in zip(vals, present.tolist()) if p]
-            if key in _PROMOTED:
-                target = correlation if key in _CORRELATION_KEYS else external_id
-                target[prow] = [_int_or_none(v) for v in pvals]
-                continue
-            per_key.setdefault(key, []).append((prow, pvals))
-    attrs = []
-    for key in sorted(per_key):
-        parts = per_key[key]
-        rows = np.concatenate([p[0] for p in parts])
-        vals = [v for p in parts for v in p[1]]
-        order = np.argsort(rows, kind="stable")
-        rows = rows[order].astype(np.int32)
-        vals = [vals[i] for i in order.tolist()]
-        attrs.append(_typed_attr(key, rows, vals, strings))
-    return attrs
-
-
-def _typed_attr(key: str, rows: np.ndarray, vals: list, strings: StringTable) -> Attr:
-    types = set(map(type, vals))
-    if types == {bool}:
-        return Attr(key, "bool", rows, np.array(vals, dtype=np.uint8))
-    if types == {int}:
-        if all(-_INT64_MAX - 1 <= v <= _INT64_MAX for v in (min(vals), max(vals))):
-            return Attr(key, "int64", rows, np.array(vals, dtype=np.int64))
-    elif types <= {int, float}:
-        return Attr(key, "float64", rows, np.array(vals, dtype=np.float64))
-    if types == {str}:
-        return Attr(key, "string", rows, strings.intern_many(vals))
-    texts = [_JSON.encode(v).decode() for v in vals]
-    return Attr(key, "json", rows, strings.intern_many(texts))
-
-
-def _track_infos(
-    tracks: _Tracks, kind, track_id, attrs: list[Attr], meta_events
-) -> list[TrackInfo]:
+def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events) -> list[TrackInfo]:
     n_tracks = len(tracks.keys)
     device_like = np.isin(kind, list(_DEVICE_KINDS))
     host_like = ~device_like & (kind != KIND["trace_span"]) & (kind != KIND["other"])
@@ -521,39 +333,20 @@ def _launch_links(kind: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     return launch
 
 
-def _build_flows(
-    points: list[RawEvent],
-    strings,
-    tracks: _Tracks,
-    start_ns,
-    dur_ns,
-    track_id,
-    parent,
-    base_ns: int,
-    path: str,
-):
-    m = len(points)
-    ts = np.array([p.ts for p in points], dtype=np.float64)
-    if m and not np.isfinite(ts).all():
-        raise TraceFormatError(path, "a flow event (ph s/t/f) has no numeric 'ts'")
-    flows = {
-        "flow_id": np.array([_int_or_none(p.id) for p in points], dtype=np.int64),
-        "cat_id": strings.intern_many([p.cat for p in points]),
-        "phase": np.array([FLOW_PHASES[p.ph] for p in points], dtype=np.uint8),
-        "track_id": tracks.ids(points),
-        "ts_ns": base_ns + us_to_ns(ts) if m else np.zeros(0, np.int64),
-        "row": np.full(m, -1, dtype=np.int32),
-    }
+def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent, path: str):
+    """Fill flows["row"]: each point binds to its enclosing slice (Chrome's rule), the
+    innermost event on its track whose interval contains the point's timestamp."""
+    m = flows["flow_id"].size
     if not m or not start_ns.size:
         return flows, ""
-    # Bind each point to the enclosing slice on its track (Chrome's rule): the innermost
-    # event that contains its ts. Rows sorted by (track, start, longer first) make the last
-    # event starting at or before ts the innermost candidate; when that one has already
-    # ended, its ancestors in the host tree are the next candidates.
+    # Rows sorted by (track, start, longer first) make the last event starting at or before
+    # ts the innermost candidate; when it has already ended, its ancestors in the host tree
+    # are the next candidates.
     end_ns = start_ns + dur_ns
     order = np.lexsort((-dur_ns, start_ns, track_id))
     s_track, s_start = track_id[order], start_ns[order]
     f_track, f_ts = flows["track_id"], flows["ts_ns"]
+    row = flows["row"]
     for t in np.unique(f_track):
         lo, hi = np.searchsorted(s_track, [t, t + 1])
         sel = np.flatnonzero(f_track == t)
@@ -561,12 +354,11 @@ def _build_flows(
             continue
         pos = np.searchsorted(s_start[lo:hi], f_ts[sel], side="right") - 1
         found = pos >= 0
-        flows["row"][sel[found]] = order[lo:hi][pos[found]]
-    row = flows["row"]
+        row[sel[found]] = order[lo:hi][pos[found]]
     bound = np.flatnonzero(row >= 0)
     for i in bound[end_ns[row[bound]] < f_ts[bound]].tolist():
         r = int(row[i])
-        while r >= 0 and end_ns[r] < flows["ts_ns"][i]:
+        while r >= 0 and end_ns[r] < f_ts[i]:
             r = int(parent[r])
         row[i] = r
     unresolved = int((row < 0).sum())

@@ -14,6 +14,7 @@ from tessera_tb import __version__
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import columns, layout
 from tessera_tb.trace.atomic import write_bytes_atomic
+from tessera_tb.trace.scalars import ScalarWriter
 from tessera_tb.trace.schema_version import SCHEMA_MAJOR, SCHEMA_MINOR
 from tessera_tb.trace.step import (
     ATTR_TYPES,
@@ -110,11 +111,7 @@ class WorkerWriter:
         self.meta = meta
         self.directory = layout.worker_dir(run_dir, meta.worker)
         os.makedirs(self.directory, exist_ok=True)
-        self._scalars = None
-        if scalars:
-            from tessera_tb.trace.scalars import ScalarWriter
-
-            self._scalars = ScalarWriter(run_dir, meta.worker)
+        self._scalars = ScalarWriter(run_dir, meta.worker) if scalars else None
         self.bytes_written = 0
 
     def write_step(self, step: StepData) -> str:
