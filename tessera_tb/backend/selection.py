@@ -21,7 +21,7 @@ def step_times_ms(run: Run, worker: str) -> dict[int, float]:
 
 def steady_state_step(run: Run, worker: str | None = None) -> int:
     """The default single step: the step whose time is closest to the median step time,
-    ignoring the first step of each span when there are others (it carries warm-up work).
+    ignoring the worker's first step when there are others (it carries warm-up work).
 
     Ties go to the later step.
     """
