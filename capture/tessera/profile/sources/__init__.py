@@ -1,0 +1,1 @@
+"""Capture sources: PyTorch profiler (Kineto), NVML sampler, host-only events."""

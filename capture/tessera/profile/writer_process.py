@@ -1,0 +1,62 @@
+"""The writer process: runs the `StepAssembler` (and the NVML sampler) beside a training process.
+
+Started by `background.ProcessWriter` as `python -m tessera.profile.writer_process IN OUT`
+with two pipe file descriptors: messages come in on IN (pickled tuples, framed by
+`multiprocessing.connection.Connection`), reports go out on OUT. It runs at a lower CPU
+priority, ignores SIGINT (Ctrl-C belongs to the training loop), and when IN closes without a
+"close" message (the training process died) it writes everything it was handed, closes the
+run's files, removes the session's window directory and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from multiprocessing.connection import Connection
+
+NICE_INCREMENT = 10
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    with contextlib.suppress(OSError, AttributeError):
+        os.nice(NICE_INCREMENT)
+    conn_in = Connection(int(argv[0]), writable=False)
+    conn_out = Connection(int(argv[1]), readable=False)
+
+    def report(msg: tuple) -> None:
+        with contextlib.suppress(OSError):
+            conn_out.send(msg)
+
+    try:
+        first = conn_in.recv()
+    except (EOFError, OSError):
+        return 0
+    config = first[1]
+    from tessera.profile.background import assembler_stats, make_assembler
+
+    assembler = make_assembler(config, report)
+    assembler.open()
+    try:
+        while True:
+            try:
+                msg = conn_in.recv()
+            except (EOFError, OSError):
+                break  # the training process is gone: finish what was handed over
+            if msg[0] == "close":
+                break
+            assembler.handle(msg)
+    finally:
+        assembler.finish()
+        tmpdir = config.get("tmpdir")
+        if tmpdir:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+        report(("done", assembler_stats(assembler)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
