@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from tensorboard import errors
 
-from tessera_tb.backend.run_index import RunEntry, RunIndex
+from tessera_tb.backend.run_index import CachedRun, RunEntry, RunIndex
 from tessera_tb.backend.selection import steady_state_step
 from tessera_tb.trace.reader import Run
 
@@ -397,6 +397,11 @@ def view_payload(index: RunIndex, name: str, args) -> dict:
     return payload
 
 
+# A view's JSON carries at most this many rows per table (`total_rows` says how many there are),
+# except the tables it names in `whole_tables` (curves); its CSV download carries them all.
+MAX_TABLE_ROWS = 2000
+
+
 def view_json(index: RunIndex, name: str, args) -> bytes:
     """`view_payload` encoded as JSON, cached per run signature and parameters."""
     spec = VIEWS.get(name)
@@ -404,7 +409,17 @@ def view_json(index: RunIndex, name: str, args) -> bytes:
         raise errors.NotFoundError(f"no view {name!r}")
     entry, sel = _selection(index, spec, args)
     key = (name, entry.name, entry.signature, sel)
-    return index.cached_result(key, lambda: encode_json(view_payload(index, name, args)))
+
+    def compute() -> bytes:
+        payload = view_payload(index, name, args)
+        whole = set(payload.pop("whole_tables", ()))
+        payload["tables"] = {
+            k: table_payload(df, None if k in whole else MAX_TABLE_ROWS)
+            for k, df in payload.get("tables", {}).items()
+        }
+        return encode_json(payload)
+
+    return index.cached_result(key, compute)
 
 
 def _compute(fn: Callable[[], pd.DataFrame | dict]):
@@ -485,3 +500,223 @@ def table_csv(index: RunIndex, args) -> tuple[bytes, str]:
 def chrome_trace(index: RunIndex, args) -> tuple[bytes, str]:
     """A step (or a window of it) as Chrome/Perfetto trace JSON."""
     raise errors.NotFoundError("the Chrome trace exporter is not available yet")
+
+
+# Overview (backend/breakdown.py, summary.py, findings.py) -----------------------------------------
+
+
+@view("overview")
+def overview_view(run: Run, sel: Selection) -> dict:
+    """Step time breakdown per (worker, step) (`breakdown.step_time_breakdown`), the per-step
+    summary (`summary.step_summary`: GPU busy, tensor-core %, occupancy), the per-worker
+    summary over the range (`summary.summary`), findings (`findings.findings`) and step-time
+    distribution (`summary.step_time_distribution`)."""
+    from tessera_tb.backend import breakdown, findings, summary
+
+    workers, steps = list(sel.workers), list(sel.steps)
+    per_step = summary.step_summary(run, workers, steps)
+    found = findings.findings(run, workers, steps)
+    found["steps"] = [list(s) for s in found["steps"]]
+    return {
+        "categories": list(breakdown.CATEGORIES),
+        "tables": {
+            "breakdown": breakdown.step_time_breakdown(run, workers, steps),
+            "step_summary": per_step,
+            "summary": summary.summary(run, workers, steps),
+            "findings": found,
+            "step_times": summary.step_time_distribution(run, workers),
+        },
+    }
+
+
+# Timeline (backend/timeline.py) -------------------------------------------------------------------
+
+TIMELINE_MAX_ITEMS = 20_000
+TIMELINE_MAX_BYTES = 2_000_000
+
+
+def _timeline_index(run: Run, worker: str, step: int):
+    from tessera_tb.backend.timeline import TimelineIndex
+
+    if isinstance(run, CachedRun):
+        return run.step_derived(worker, step, "timeline_index", TimelineIndex.build)
+    return TimelineIndex.build(run.load_step(worker, step))
+
+
+def timeline_origin_ns(run: Run, steps: Iterable[int]) -> tuple[int, int]:
+    """(origin, end) of a timeline over `steps`, epoch ns from the step indexes: the earliest
+    start of the first step over every worker of the run (so every rank's window shares one
+    time axis) and the latest end of the last step."""
+    wanted = set(steps)
+    spans = [
+        (e.start_ns, e.end_ns)
+        for info in run.workers.values()
+        for e in info.meta.steps
+        if e.step in wanted
+    ]
+    return min(s for s, _ in spans), max(e for _, e in spans)
+
+
+@view("timeline", params=("worker", "t0", "t1", "max_items", "resolution_ns", "q"))
+def timeline_view(run: Run, sel: Selection) -> dict:
+    """One worker's window of the selected (consecutive) steps (`timeline.timeline_window`).
+
+    `t0`/`t1` are ns offsets from the run's origin for these steps (`timeline_origin_ns`, sent
+    back as `origin_ns`, a string: epoch ns do not fit a browser's numbers); the answer's own
+    offsets are from its `origin_ns` too, re-based here (`shift_ns` = 0 after re-basing).
+    The answer never exceeds TIMELINE_MAX_BYTES: `max_items` is halved until it fits.
+    """
+    from tessera_tb.backend.timeline import timeline_window
+
+    worker = sel.param("worker") or sel.workers[0]
+    if worker not in sel.workers:
+        raise errors.NotFoundError(f"worker {worker!r} is not in the selection")
+    steps = [s for s in sel.steps if s in run.worker(worker).steps]
+    if not steps:
+        raise errors.NotFoundError(f"worker {worker!r} has none of the selected steps")
+    origin, end = timeline_origin_ns(run, sel.steps)
+    t0 = parse_int(sel.param("t0"), 0, -(10**15), 10**15, "t0")
+    t1 = parse_int(sel.param("t1"), end - origin, -(10**15), 10**15, "t1")
+    if t1 <= t0:
+        raise errors.InvalidArgumentError("t1 must be after t0")
+    max_items = parse_int(sel.param("max_items"), 4000, 1, TIMELINE_MAX_ITEMS, "max_items")
+    resolution = parse_int(sel.param("resolution_ns"), 0, 0, 10**12, "resolution_ns") or None
+    indexes = [_timeline_index(run, worker, s) for s in steps]
+    while True:
+        answer = _compute(
+            lambda n=max_items: timeline_window(
+                indexes,
+                start_ns=origin + t0,
+                end_ns=origin + t1,
+                resolution_ns=resolution,
+                max_items=n,
+                search=sel.param("q") or None,
+            )
+        )
+        size = len(encode_json(answer))
+        if size <= TIMELINE_MAX_BYTES or max_items <= 100:
+            break
+        max_items //= 2
+    shift = answer["origin_ns"] - origin
+    for key in ("start_ns", "end_ns"):
+        answer[key] += shift
+    for table in ("events", "summaries"):
+        for key in ("start_ns", "end_ns"):
+            if key in answer[table]:
+                answer[table][key] = [v + shift for v in answer[table][key]]
+    for f in ("from_ns", "to_ns"):
+        answer["flows"][f] = [v + shift for v in answer["flows"].get(f, [])]
+    for s in answer["steps"]:
+        s["start_ns"] += shift
+        s["end_ns"] += shift
+    for c in answer["counters"]:
+        c["t_ns"] = [v + shift for v in c["t_ns"]]
+    answer.update(
+        worker=worker,
+        origin_ns=str(origin),
+        extent_ns=end - origin,
+        max_items=max_items,
+        response_bytes=size,
+    )
+    return answer
+
+
+@view("event", params=("worker", "step", "row"))
+def event_view(run: Run, sel: Selection) -> dict:
+    """Everything about one event (`timeline.event_detail`); epoch-ns times also as text."""
+    from tessera_tb.backend.timeline import event_detail
+
+    worker = sel.param("worker") or sel.workers[0]
+    if worker not in sel.workers:
+        raise errors.NotFoundError(f"worker {worker!r} is not in the selection")
+    step = parse_step(run, worker, sel.param("step"))
+    row = parse_int(sel.param("row"), -1, 0, 2**31, "row")
+    try:
+        detail = event_detail(_timeline_index(run, worker, step), row)
+    except IndexError as exc:
+        raise errors.NotFoundError(str(exc)) from None
+    detail["worker"] = worker
+    detail["start_epoch_ns"] = str(detail["start_ns"])
+    return detail
+
+
+# Collectives (backend/collectives.py) -------------------------------------------------------------
+
+COLLECTIVE_METRICS = ("busbw", "wait", "overlap", "count")
+
+
+def _heatmap_payload(frame: pd.DataFrame) -> dict:
+    return {
+        "value_column": frame.attrs.get("value_column"),
+        "rows": [_native(v) for v in frame.index.tolist()],
+        "columns": [_native(v) for v in frame.columns.tolist()],
+        "z": [_column_values(frame.iloc[i].to_numpy(dtype=float)) for i in range(len(frame))],
+    }
+
+
+@view("collectives", params=("metric", "min_bytes"))
+def collectives_view(run: Run, sel: Selection) -> dict:
+    """Heatmaps type x size bucket and rank x step coloured by `metric` (busbw, wait, overlap
+    or count; `collectives.collective_heatmap`) and their long tables, instances, stragglers
+    and mismatches, from one `collectives.analyze_collectives` pass."""
+    from tessera_tb.backend import collectives
+
+    metric = sel.param("metric") or "busbw"
+    if metric not in COLLECTIVE_METRICS:
+        raise errors.InvalidArgumentError(f"metric must be one of {', '.join(COLLECTIVE_METRICS)}")
+    min_bytes = parse_int(sel.param("min_bytes"), 0, 0, 2**62, "min_bytes")
+    a = collectives.analyze_collectives(run, list(sel.workers), list(sel.steps), min_bytes)
+    heat = {
+        by: _heatmap_payload(
+            _compute(lambda by=by: collectives.collective_heatmap(None, by, metric, analysis=a))
+        )
+        for by in ("type_size", "rank_step")
+    }
+    return {
+        "metric": metric,
+        "num_kernels": len(a.kernels),
+        "heatmaps": heat,
+        "tables": {
+            "type_size": collectives.collective_type_size_table(a),
+            "rank_step": collectives.collective_rank_step_table(a),
+            "instances": a.instances,
+            "stragglers": collectives.stragglers(None, analysis=a),
+            "mismatches": a.mismatches,
+        },
+    }
+
+
+# Memory (backend/memory.py) -----------------------------------------------------------------------
+
+
+def _with_offsets(df: pd.DataFrame, origin_ns: int, columns: Iterable[str]) -> pd.DataFrame:
+    """Add `<name>_from_origin_ns` (ns since `origin_ns`, exact in a browser) beside each
+    epoch-ns column `<name>_ns`."""
+    df = df.copy()
+    for c in columns:
+        if c in df.columns:
+            df[c.removesuffix("_ns") + "_from_origin_ns"] = df[c] - origin_ns
+    return df
+
+
+@view("memory")
+def memory_view(run: Run, sel: Selection) -> dict:
+    """Allocated/reserved curves per (worker, device) (`memory.memory_timeline`), the peak
+    with its op and stack (`memory.memory_peaks`) and the allocation table
+    (`memory.allocation_table`, largest first). Epoch times also as offsets from the origin
+    of the selected steps (`timeline_origin_ns`)."""
+    from tessera_tb.backend import memory
+
+    workers, steps = list(sel.workers), list(sel.steps)
+    origin, end = timeline_origin_ns(run, steps)
+    curves = _with_offsets(memory.memory_timeline(run, workers, steps), origin, ["ts_ns"])
+    peaks = _with_offsets(memory.memory_peaks(run, workers, steps), origin, ["peak_ts_ns"])
+    allocs = memory.allocation_table(run, workers, steps)
+    allocs = _with_offsets(allocs, origin, ["alloc_ts_ns", "free_ts_ns"])
+    allocs = allocs.sort_values("size_bytes", ascending=False, kind="stable")
+    return {
+        "origin_ns": str(origin),
+        "extent_ns": end - origin,
+        "tables": {"curves": curves, "peaks": peaks, "allocations": allocs},
+        "whole_tables": ["curves"],
+    }

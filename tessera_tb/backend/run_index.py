@@ -59,6 +59,10 @@ class CachedRun(Run):
     def load_step(self, worker: str, step: int) -> StepData:
         return self._index.load_step_file(self.worker(worker).step_path(step))
 
+    def step_derived(self, worker: str, step: int, what: str, build: Callable[[StepData], object]):
+        """An object built from one step (a timeline index), cached with the step."""
+        return self._index.step_derived(self.worker(worker).step_path(step), what, build)
+
     def iter_steps(
         self, workers: Iterable[str] | None = None, steps: Iterable[int] | None = None
     ) -> Iterator[tuple[str, StepData]]:
@@ -261,6 +265,21 @@ class RunIndex:
         self._bad_steps.pop(path, None)
         return step
 
+    def step_derived(self, path: str, what: str, build: Callable[[StepData], object]):
+        """An object derived from one step file (a timeline index), cached beside the steps.
+
+        Its size is counted as three times the step's, a bound for the per-row arrays the
+        derived objects hold.
+        """
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size, what)
+        value = self._steps.get(key)
+        if value is None:
+            step = self.load_step_file(path)
+            value = build(step)
+            self._steps.put(key, value, 3 * step_nbytes(step))
+        return value
+
     def known_step_errors(self, entry: RunEntry) -> dict[tuple[str, int], str]:
         """{(worker, step): problem} for the run's step files that failed to load so far."""
         if entry.run is None or not self._bad_steps:
@@ -278,17 +297,22 @@ class RunIndex:
     ) -> tuple[Run, dict[tuple[str, int], str]]:
         """The run restricted to the (worker, step) files of the selection that load.
 
-        Loads every selected step (into the cache) and returns a run whose workers list only
-        the steps that loaded, plus {(worker, step): error} for those that did not. Analyses
-        given this run never meet a corrupt file.
+        Loads every selected step and its neighbours in the worker's step index (into the
+        cache) and returns a run whose workers list only the steps that loaded, plus
+        {(worker, step): error} for those that did not. Analyses given this run never meet a
+        corrupt file.
         """
         assert entry.run is not None
         bad: dict[tuple[str, int], str] = {}
         wanted = set(steps)
         for w in workers:
             info = entry.run.worker(w)
-            for s in info.steps:
-                if s in wanted:
+            order = info.steps
+            # The neighbours of each selected step too: the breakdown reads them.
+            chosen = {i for i, s in enumerate(order) if s in wanted}
+            for i in sorted(chosen | {j for c in chosen for j in (c - 1, c + 1)}):
+                if 0 <= i < len(order):
+                    s = order[i]
                     try:
                         self.load_step_file(info.step_path(s))
                     except (TraceFormatError, OSError) as exc:

@@ -9,7 +9,7 @@ import { VIEWS } from "./static/views.js";
 const STATE_PREFIX = "t.";
 const STATE_KEYS = [
   "run", "workers", "steps", "view", "step", "k", "sort", "q", "table", "metric",
-  "t0", "t1", "focus", "device", "level",
+  "t0", "t1", "items", "level",
 ];
 const VIEW_LABELS = [
   ["overview", "Overview"],

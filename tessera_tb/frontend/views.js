@@ -101,6 +101,322 @@ function topkView(table) {
   };
 }
 
+// Overview (backend/breakdown.py, summary.py, findings.py) ----------------------------------
+
+const CATEGORY_COLORS = {
+  compute: "#1e88e5",
+  collective: "#8e24aa",
+  memcpy: "#fb8c00",
+  memset: "#fdd835",
+  runtime: "#e53935",
+  dataloader: "#6d4c41",
+  host_other: "#43a047",
+  idle: "#bdbdbd",
+};
+
+function card(label, value, basis, cls) {
+  return el(
+    "div",
+    { className: `card ${cls || ""}` },
+    el("div", { className: "label", text: label }),
+    el("div", { className: "value", text: value }),
+    basis ? el("div", { className: "basis", text: basis }) : null,
+  );
+}
+
+async function overviewView(box, ctx) {
+  const data = await ctx.fetch("overview");
+  ctx.showErrors(data.errors);
+  const t = data.tables;
+  const summary = rowsOf(t.summary);
+  const perStep = rowsOf(t.step_summary);
+  const multi = summary.length > 1;
+  const cards = el("div", { className: "cards" });
+  // One worker: cards; several: the per-worker summary table below says it all.
+  for (const s of multi ? [] : summary) {
+    const who = "";
+    cards.append(
+      card(who + "step time (median)", fmtCell("step_time_ms", s.step_time_ms), null, "card-step"),
+      card(who + "GPU busy", fmtCell("gpu_busy_pct", s.gpu_busy_pct), "union of device work / step span", "card-busy"),
+      card(who + "tensor-core kernel time", fmtCell("tc_pct", s.tensor_core_time_pct_est), s.tensor_core_basis, "card-tc"),
+      card(who + "occupancy (estimated)", fmtCell("est_occupancy_pct", s.est_occupancy_pct), `Kineto estimate over ${fmtCell("est_occupancy_coverage_pct", s.est_occupancy_coverage_pct)} of kernel time`, "card-occ"),
+    );
+  }
+  // Stacked bars: one bar per (step, worker), one trace per category.
+  const bars = rowsOf(t.breakdown);
+  const x = multi
+    ? [bars.map((r) => `step ${r.step}`), bars.map((r) => r.worker)]
+    : bars.map((r) => `step ${r.step}`);
+  const traces = data.categories.map((c) => ({
+    type: "bar",
+    name: c,
+    x,
+    y: bars.map((r) => r[`${c}_ns`] / 1e6),
+    customdata: bars.map((r) => [escapeHtml(r.worker), r.step, fmtCell(`${c}_pct`, r[`${c}_pct`])]),
+    hovertemplate: `${c}: %{y:.3f} ms (%{customdata[2]})<br>%{customdata[0]} step %{customdata[1]}<extra></extra>`,
+    marker: { color: CATEGORY_COLORS[c] },
+  }));
+  const breakdownChart = el("div", { className: "chart breakdown-chart" });
+  const utilChart = el("div", { className: "chart util-chart" });
+  const findingsBox = el("div", { className: "findings" });
+  const found = rowsOf(t.findings);
+  if (!found.length) findingsBox.append(note("info", "No findings: nothing in this selection wastes more than 2% of a step."));
+  findingsBox.append(
+    el(
+      "ol",
+      {},
+      found.map((f) =>
+        el(
+          "li",
+          { className: `finding ${f.severity}` },
+          el("span", { className: "severity", text: f.severity.toUpperCase() }),
+          el("span", { className: "title", text: f.title }),
+          el("span", { className: "win", text: ` — up to ${fmtCell("win_ms_per_step", f.win_ms_per_step)}/step (${fmtCell("win_pct_of_step", f.win_pct_of_step)})` }),
+          multi ? el("span", { className: "who", text: ` [${f.worker}]` }) : null,
+          el("details", {}, el("summary", { text: "evidence" }), el("div", { className: "evidence", text: f.evidence })),
+        ),
+      ),
+    ),
+  );
+  box.replaceChildren(
+    cards,
+    el(
+      "div",
+      {},
+      multi
+        ? dataTable(t.summary, {
+            columns: ["worker", "rank", "step_time_ms", "gpu_busy_pct", "tensor_core_time_pct_est", "est_occupancy_pct"],
+            labels: { tensor_core_time_pct_est: "tensor_core_time_pct (est.)" },
+            caption: "Median over the selected steps",
+          })
+        : null,
+    ),
+    el("h3", { text: "Step time breakdown" }),
+    breakdownChart,
+    el("h3", { text: "GPU busy and tensor-core time per step" }),
+    utilChart,
+    el("h3", { text: "Findings" }),
+    findingsBox,
+    el("h3", { text: "Per step" }),
+    el(
+      "div",
+      {},
+      ...["step_summary", "breakdown", "summary", "findings"].map((tb) =>
+        downloadLink(`${tb} CSV`, "csv", { ...ctx.selection, view: "overview", table: tb }),
+      ),
+    ),
+    dataTable(t.step_summary, {
+      columns: ["worker", "step", "step_time_ms", "gpu_busy_pct", "tensor_core_time_pct_est", "est_occupancy_pct", "sm_occupancy_note"],
+      labels: { tensor_core_time_pct_est: "tensor_core_time_pct (est.)" },
+    }),
+  );
+  box.querySelector("table.data:last-of-type").classList.add("step-summary-table");
+  await newPlot(ctx, breakdownChart, traces, {
+    barmode: "stack",
+    yaxis: { title: { text: "ms" } },
+    height: 380,
+    legend: { orientation: "h", y: 1.12 },
+  });
+  const workers = [...new Set(perStep.map((r) => r.worker))];
+  const util = [];
+  for (const w of workers) {
+    const rs = perStep.filter((r) => r.worker === w);
+    for (const [col, label, dash] of [["gpu_busy_pct", "GPU busy %", "solid"], ["tensor_core_time_pct_est", "tensor-core % (est.)", "dot"]]) {
+      util.push({
+        type: "scatter",
+        mode: "lines+markers",
+        name: `${escapeHtml(w)} ${label}`,
+        x: rs.map((r) => r.step),
+        y: rs.map((r) => r[col]),
+        line: { dash },
+        hovertemplate: `${escapeHtml(w)} step %{x}: %{y:.1f}% ${label}<extra></extra>`,
+      });
+    }
+  }
+  await newPlot(ctx, utilChart, util, {
+    height: 280,
+    xaxis: { title: { text: "step" }, dtick: 1 },
+    yaxis: { title: { text: "%" }, range: [0, 100] },
+  });
+}
+
+// Collectives (backend/collectives.py) ---------------------------------------------------------
+
+const COLLECTIVE_METRICS = [
+  ["busbw", "bus bandwidth (GB/s)"],
+  ["wait", "wait (ns)"],
+  ["overlap", "overlap with compute (%)"],
+  ["count", "kernels"],
+];
+
+function heatmapTrace(h, metricLabel) {
+  return {
+    type: "heatmap",
+    x: h.columns.map((c) => escapeHtml(c)),
+    y: h.rows.map((r) => escapeHtml(r)),
+    z: h.z,
+    colorscale: "Viridis",
+    hoverongaps: false,
+    hovertemplate: `%{y} · %{x}<br>${metricLabel} (${h.value_column}): %{z}<extra></extra>`,
+  };
+}
+
+async function collectivesView(box, ctx) {
+  const metric = ctx.state.metric || "busbw";
+  const data = await ctx.fetch("collectives", { metric });
+  ctx.showErrors(data.errors);
+  const label = COLLECTIVE_METRICS.find(([m]) => m === metric)[1];
+  const controls = el(
+    "div",
+    { className: "view-controls" },
+    el("label", {}, "Colour ", stateSelect(ctx, "metric", COLLECTIVE_METRICS, metric, "metric-select")),
+    ...["type_size", "rank_step", "instances", "stragglers", "mismatches"].map((tb) =>
+      downloadLink(`${tb} CSV`, "csv", { ...ctx.selection, view: "collectives", metric, table: tb }),
+    ),
+  );
+  if (!data.num_kernels) {
+    box.replaceChildren(controls, note("info", "No NCCL collective kernels in this selection."));
+    return;
+  }
+  const typeSize = el("div", { className: "chart heatmap-type-size" });
+  const rankStep = el("div", { className: "chart heatmap-rank-step" });
+  const t = data.tables;
+  box.replaceChildren(
+    controls,
+    el(
+      "div",
+      { className: "two-col" },
+      el("div", {}, el("h3", { text: "Collective type × message size" }), typeSize),
+      el("div", {}, el("h3", { text: "Rank × step" }), rankStep),
+    ),
+    el("h3", { text: "Type × size" }),
+    dataTable(t.type_size, { className: "type-size" }),
+    el("h3", { text: "Stragglers (ranks the others waited for)" }),
+    dataTable(t.stragglers),
+    el("h3", { text: "Rank × step" }),
+    dataTable(t.rank_step),
+    el("h3", { text: `Instances (${t.instances.total_rows})` }),
+    dataTable(t.instances, {
+      columns: ["process_group", "step", "ordinal", "collective_type", "size_bytes", "n_members", "complete", "transfer_ns", "max_wait_ns", "straggler_worker", "algbw_gbps", "busbw_gbps", "busbw_note"],
+      maxRows: 200,
+    }),
+    el("div", {}, t.mismatches.total_rows ? [el("h3", { text: "Mismatched instances" }), dataTable(t.mismatches)] : null),
+  );
+  const tables = box.querySelectorAll("table.data");
+  tables[0].classList.add("collectives-type-size");
+  tables[2].classList.add("collectives-rank-step");
+  await newPlot(ctx, typeSize, [heatmapTrace(data.heatmaps.type_size, label)], {
+    height: 300,
+    margin: { l: 120, b: 90, t: 10 },
+  });
+  await newPlot(ctx, rankStep, [heatmapTrace(data.heatmaps.rank_step, label)], {
+    height: 300,
+    xaxis: { title: { text: "step" }, type: "category" },
+    yaxis: { title: { text: "rank" }, type: "category" },
+    margin: { t: 10 },
+  });
+}
+
+// Memory (backend/memory.py) ------------------------------------------------------------------
+
+async function memoryView(box, ctx) {
+  const data = await ctx.fetch("memory");
+  ctx.showErrors(data.errors);
+  const t = data.tables;
+  const curves = rowsOf(t.curves);
+  const peaks = rowsOf(t.peaks);
+  const links = el(
+    "div",
+    { className: "view-controls" },
+    ...["curves", "peaks", "allocations"].map((tb) =>
+      downloadLink(`${tb} CSV`, "csv", { ...ctx.selection, view: "memory", table: tb }),
+    ),
+  );
+  if (!curves.length) {
+    box.replaceChildren(links, note("info", "No [memory] events in this selection: profile with profile_memory=True to see allocations."));
+    return;
+  }
+  const chart = el("div", { className: "chart memory-chart" });
+  const peakBox = el(
+    "div",
+    { className: "cards" },
+    peaks.map((p) =>
+      el(
+        "div",
+        { className: "card memory-peak" },
+        el("div", { className: "label", text: `${p.worker} · ${p.device_type === 1 ? "GPU" : "CPU"} ${p.device_id} · peak allocated` }),
+        el("div", { className: "value", text: fmtCell("peak_allocated_bytes", p.peak_allocated_bytes ?? p.peak_net_bytes) }),
+        el("div", { className: "basis", text: `at ${fmtCell("t_ns", p.peak_ts_from_origin_ns)} (step ${p.peak_step}) in ${p.op || "no op"}` }),
+        p.stack ? el("div", { className: "basis stack", text: p.stack }) : null,
+        el("div", { className: "basis", text: `peak reserved ${fmtCell("peak_reserved_bytes", p.peak_reserved_bytes)}` }),
+      ),
+    ),
+  );
+  box.replaceChildren(
+    links,
+    peakBox,
+    chart,
+    el("h3", { text: `Allocations (${t.allocations.total_rows}, largest first)` }),
+    dataTable(t.allocations, {
+      columns: ["worker", "device_id", "size_bytes", "op", "alloc_ts_from_origin_ns", "free_ts_from_origin_ns", "lifetime_ns", "alloc_step", "addr"],
+      labels: { alloc_ts_from_origin_ns: "alloc at", free_ts_from_origin_ns: "freed at", lifetime_ns: "lifetime" },
+      maxRows: 500,
+    }),
+  );
+  box.querySelector("table.data").classList.add("memory-allocations");
+  const series = new Map();
+  for (const r of curves) {
+    if (r.device_type !== 1) continue;
+    const key = `${r.worker} GPU ${r.device_id}`;
+    if (!series.has(key)) series.set(key, []);
+    series.get(key).push(r);
+  }
+  const traces = [];
+  for (const [key, rs] of series) {
+    const x = rs.map((r) => r.ts_from_origin_ns / 1e6);
+    const name = escapeHtml(key);
+    const hasTotal = rs.some((r) => r.allocated_bytes !== null);
+    traces.push({
+      type: "scatter",
+      mode: "lines",
+      line: { shape: "hv" },
+      name: `${name} allocated`,
+      x,
+      y: rs.map((r) => (hasTotal ? r.allocated_bytes : r.net_bytes)),
+      hovertemplate: `${name} allocated %{y:.4s}B at %{x:.3f} ms<extra></extra>`,
+    });
+    if (hasTotal) {
+      traces.push({
+        type: "scatter",
+        mode: "lines",
+        line: { shape: "hv", dash: "dot" },
+        name: `${name} reserved`,
+        x,
+        y: rs.map((r) => r.reserved_bytes),
+        hovertemplate: `${name} reserved %{y:.4s}B at %{x:.3f} ms<extra></extra>`,
+      });
+    }
+  }
+  for (const p of peaks) {
+    if (p.device_type !== 1) continue;
+    traces.push({
+      type: "scatter",
+      mode: "markers",
+      marker: { size: 10, symbol: "star", color: "#d50000" },
+      name: `peak ${escapeHtml(p.worker)} GPU ${p.device_id}`,
+      x: [p.peak_ts_from_origin_ns / 1e6],
+      y: [p.peak_allocated_bytes ?? p.peak_net_bytes],
+      hovertemplate: `peak %{y:.4s}B<br>${escapeHtml(p.op || "no op")}<extra></extra>`,
+    });
+  }
+  await newPlot(ctx, chart, traces, {
+    height: 380,
+    xaxis: { title: { text: "ms since the first selected step" } },
+    yaxis: { title: { text: "bytes" }, tickformat: ".3s" },
+    legend: { orientation: "h", y: -0.25 },
+  });
+}
+
 // Views not built yet answer with the route's own message.
 async function pendingView(box, ctx) {
   const route = ctx.state.view;
@@ -109,14 +425,14 @@ async function pendingView(box, ctx) {
 }
 
 export const VIEWS = {
-  overview: pendingView,
+  overview: overviewView,
   timeline: renderTimeline,
   operators: topkView("operators"),
   kernels: topkView("kernels"),
-  memory: pendingView,
+  memory: memoryView,
   roofline: pendingView,
   stalls: pendingView,
-  collectives: pendingView,
+  collectives: collectivesView,
 };
 
 export { column, escapeHtml, fmtCell, newPlot, rowsOf, stateInput, stateSelect };

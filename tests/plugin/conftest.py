@@ -220,10 +220,15 @@ class Tab:
     def csp(self) -> list[str]:
         return self.frame.evaluate("window.__csp")
 
-    def screenshot(self, name: str) -> str:
+    def screenshot(self, name: str, height: int = 1800) -> str:
+        """A screenshot of the page, made tall enough to show the whole view."""
         os.makedirs(self.shots_dir, exist_ok=True)
         path = os.path.join(self.shots_dir, f"{name}.png")
-        self.page.screenshot(path=path, full_page=True)
+        size = self.page.viewport_size
+        self.page.set_viewport_size({"width": size["width"], "height": height})
+        self.page.wait_for_timeout(300)  # plotly's responsive charts redraw
+        self.page.screenshot(path=path)
+        self.page.set_viewport_size(size)
         return path
 
     def assert_clean(self) -> None:
