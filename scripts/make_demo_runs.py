@@ -4,6 +4,8 @@
     python scripts/make_demo_runs.py --check    # exits 1 if demo_runs/ lacks a run or a step
 
 The runs are committed so `tensorboard --logdir demo_runs` works on a fresh checkout.
+gpt_1gpu also gets the Nsight Compute counters of the same training loop, as
+`tessera-prof import-ncu ../shared/traces/ncu/gpt_step_raw.csv demo_runs/gpt_1gpu` would.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import sys
 
 from tessera_tb.importers.kineto_import import import_traces
+from tessera_tb.importers.ncu_attach import import_ncu
 from tessera_tb.trace import open_run
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +29,9 @@ DEMO_RUNS = {
     "ddp_gpt_2rank": "ddp_gpt_2rank",
     "fsdp_gpt_4rank": "fsdp_gpt_4rank",
 }
+# run name -> Nsight Compute raw-page CSV attached with import-ncu
+NCU = os.path.join(os.path.dirname(TRACES), "ncu")
+DEMO_COUNTERS = {"gpt_1gpu": os.path.join(NCU, "gpt_step_raw.csv")}
 
 
 def make(logdir: str = DEMO) -> None:
@@ -36,6 +42,9 @@ def make(logdir: str = DEMO) -> None:
             shutil.rmtree(dest)
         result = import_traces([os.path.join(TRACES, source)], logdir, run)
         print(f"{run}: {result.events:,} events, {result.bytes_written / 1e6:.2f} MB")
+        if run in DEMO_COUNTERS:
+            r = import_ncu(DEMO_COUNTERS[run], dest).profile.report
+            print(f"{run}: Nsight Compute counters, {r.matched} of {r.profiled_kernels} matched")
 
 
 def check(logdir: str = DEMO) -> int:

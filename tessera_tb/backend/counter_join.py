@@ -14,7 +14,13 @@ import pandas as pd
 
 from tessera_tb.backend.linkage import owning_op_rows
 from tessera_tb.backend.selection import iter_selected, resolve_workers
-from tessera_tb.trace.kernel_counters import METHOD_NAME_ORDER, CounterProfile, load_kernel_counters
+from tessera_tb.importers.kernel_names import kernel_base_name, kernel_name_key
+from tessera_tb.trace.kernel_counters import (
+    MATCH_BASE_NAME,
+    METHOD_NAME_ORDER,
+    CounterProfile,
+    load_kernel_counters,
+)
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import StepData
 
@@ -39,6 +45,31 @@ def worker_profiles(run: Run, workers: Iterable[str] | None = None) -> dict[str,
         if profile is not None:
             out[w] = profile
     return out
+
+
+def linked_kernels(profile: CounterProfile, step: StepData) -> tuple[np.ndarray, np.ndarray]:
+    """(profile positions, event rows) of the profiled kernels linked to this step's kernels.
+
+    A link is kept only if the event row is still the kernel it was matched with (same
+    normalised name), so counters never attach to other kernels of re-imported step files.
+    """
+    if profile.match_method != METHOD_NAME_ORDER:
+        return np.zeros(0, np.int64), np.zeros(0, np.int32)
+    idx = np.flatnonzero((profile.row >= 0) & (profile.step == step.step))
+    rows = profile.row[idx]
+    inside = rows < step.num_events
+    idx, rows = idx[inside], rows[inside]
+    run_names = step.string_values(step.events["name_id"][rows])
+    same = np.array(
+        [
+            (kernel_base_name(a) == kernel_base_name(b))
+            if m == MATCH_BASE_NAME
+            else (kernel_name_key(a) == kernel_name_key(b))
+            for a, b, m in zip(profile.kernel_names[idx], run_names, profile.match[idx])
+        ],
+        dtype=bool,
+    )
+    return idx[same], rows[same]
 
 
 def op_labels(step: StepData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -72,14 +103,9 @@ def counter_instances(
         run, [w for w in resolve_workers(run, workers) if w in profiles], steps
     ):
         p = profiles[w]
-        if p.match_method != METHOD_NAME_ORDER:
-            continue
-        idx = np.flatnonzero((p.row >= 0) & (p.step == st.step))
+        idx, rows = linked_kernels(p, st)
         if idx.size == 0:
             continue
-        rows = p.row[idx]
-        if int(rows.max()) >= st.num_events:
-            continue  # a profile written for other step files: never join it
         op_row, op_name, op_dims = op_labels(st, rows)
         data = {
             "worker": w,

@@ -32,12 +32,12 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from tessera_tb.backend.counter_join import op_labels, worker_profiles
+from tessera_tb.backend.counter_join import linked_kernels, op_labels, worker_profiles
 from tessera_tb.backend.devices import PATHS, DevicePeaks, device_peaks
 from tessera_tb.backend.selection import iter_selected, resolve_workers
 from tessera_tb.importers.kernel_names import kernel_name_key
 from tessera_tb.importers.ncu_csv import DENSE_CEILINGS, TENSOR_SRC_PATHS
-from tessera_tb.trace.kernel_counters import METHOD_NAME_ORDER, CounterProfile
+from tessera_tb.trace.kernel_counters import CounterProfile
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -692,23 +692,13 @@ def _step_instances(
     ranges = profiler_range_work(st)
     if len(ranges):
         _attach_ranges(inst, ranges)
-    if profile is not None and measured is not None and profile.match_method == METHOD_NAME_ORDER:
-        idx = np.flatnonzero((profile.row >= 0) & (profile.step == st.step))
-        pos = pd.Series(np.arange(n), index=rows).reindex(profile.row[idx]).to_numpy()
-        ok = np.isfinite(pos)
-        if ok.any():
-            at = pos[ok].astype(np.int64)
-            m = measured.iloc[idx[ok]]
-            for col in (
-                "flops",
-                "dram_bytes",
-                "path",
-                "flops_source",
-                "bytes_source",
-                "flops_note",
-            ):
-                inst.loc[at, col] = m[col].to_numpy()
-            inst.loc[at, "formula"] = ""
+    if profile is not None and measured is not None:
+        idx, linked_rows = linked_kernels(profile, st)
+        at = pd.Series(np.arange(n), index=rows).reindex(linked_rows).to_numpy(np.int64)
+        m = measured.iloc[idx]
+        for col in ("flops", "dram_bytes", "path", "flops_source", "bytes_source", "flops_note"):
+            inst.loc[at, col] = m[col].to_numpy()
+        inst.loc[at, "formula"] = ""
     return inst, derived
 
 
