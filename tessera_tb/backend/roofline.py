@@ -724,6 +724,7 @@ def _op_instances(inst: pd.DataFrame, derived: pd.DataFrame) -> pd.DataFrame:
     """Kernel instances -> op instances (one row per worker, step, op row)."""
     k = inst[inst["op_row"] >= 0].copy()
     k["_measured"] = k["flops_source"].isin(_MEASURED)
+    k["_rank"] = k["flops_source"].map(_SOURCE_RANK).fillna(len(_SOURCE_RANK)).astype(int)
     keys = ["worker", "step", "op_row"]
     g = k.groupby(keys, sort=False)
     ops = pd.DataFrame(
@@ -734,7 +735,7 @@ def _op_instances(inst: pd.DataFrame, derived: pd.DataFrame) -> pd.DataFrame:
             "all_measured": g["_measured"].all(),
             "flops": g["flops"].sum(min_count=1),
             "dram_bytes": g["dram_bytes"].sum(min_count=1),
-            "flops_source": g["flops_source"].agg(_combined_source),
+            "flops_source": g["_rank"].min().map(_RANK_SOURCE),
             "bytes_source": g["bytes_source"].first(),
             "flops_note": g["flops_note"].first(),
             "time_source": g["time_source"].first(),
@@ -759,10 +760,7 @@ def _op_instances(inst: pd.DataFrame, derived: pd.DataFrame) -> pd.DataFrame:
     return ops.drop(columns="all_measured").reset_index()
 
 
-def _combined_source(sources: pd.Series) -> str:
-    """The weakest label among an op's measured kernels."""
-    s = set(sources)
-    for label in ("partial", "measured:cupti_range", "measured", "derived:partial", "derived"):
-        if label in s:
-            return label
-    return "none"
+# The weakest label among an op's kernels names the op's source.
+_SOURCE_ORDER = ("partial", "measured:cupti_range", "measured", "derived:partial", "derived")
+_SOURCE_RANK = {label: i for i, label in enumerate(_SOURCE_ORDER)}
+_RANK_SOURCE = {**dict(enumerate(_SOURCE_ORDER)), len(_SOURCE_ORDER): "none"}
