@@ -639,7 +639,7 @@ def roofline(
         keys = ["worker", "kernel_name"] if group_by == "kernel" else ["worker", "op_name"]
         empty = pd.DataFrame(columns=keys + ["flops_source", "count", "flops", "dram_bytes",
                                              "dur_ns", "path"])  # fmt: skip
-        return roof_points(empty, peaks or device_peaks(arch or "h100-sxm"))
+        return roof_points(empty, peaks or run_peaks(run, resolve_workers(run, workers)[0], arch))
     out = pd.concat(frames, ignore_index=True)
     return out.sort_values("dur_ns", ascending=False, ignore_index=True)
 
