@@ -24,6 +24,7 @@ from tensorboard import errors
 
 from tessera_tb.backend.run_index import CachedRun, RunEntry, RunIndex
 from tessera_tb.backend.selection import steady_state_step
+from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.reader import Run
 
 # JSON ------------------------------------------------------------------------------------------
@@ -391,7 +392,10 @@ def view_payload(index: RunIndex, name: str, args) -> dict:
             "no readable step in the selection: "
             + "; ".join(f"{e['worker']} step {e['step']}: {e['error']}" for e in errs)
         )
-    payload = spec.compute(run, Selection(sel.workers, steps, sel.params))
+    try:
+        payload = spec.compute(run, Selection(sel.workers, steps, sel.params))
+    except TraceFormatError as exc:  # a corrupt file outside the step files (kernel counters)
+        raise errors.NotFoundError(f"{name} cannot be shown: {exc.problem}") from None
     payload["errors"] = errs
     payload["selection"] = {"workers": list(sel.workers), "steps": list(steps)}
     return payload
@@ -719,4 +723,81 @@ def memory_view(run: Run, sel: Selection) -> dict:
         "extent_ns": end - origin,
         "tables": {"curves": curves, "peaks": peaks, "allocations": allocs},
         "whole_tables": ["curves"],
+    }
+
+
+# Roofline (backend/roofline.py, devices.py) -------------------------------------------------------
+
+MEASURED_SOURCES = ("measured", "partial", "measured:cupti_range")
+
+
+@view("roofline", params=("group",))
+def roofline_view(run: Run, sel: Selection) -> dict:
+    """Roofline points per kernel or per op (`roofline.roofline`) and the roofs of each
+    distinct device of the selected workers (`roofline.roofs` of `roofline.run_peaks`).
+    `measured` tells a point's FLOPs come from counters (measured, partial, CUPTI range)
+    rather than shapes."""
+    from tessera_tb.backend import roofline
+
+    group = sel.param("group") or "kernel"
+    workers, steps = list(sel.workers), list(sel.steps)
+    points = _compute(lambda: roofline.roofline(run, workers=workers, steps=steps, group_by=group))
+    points["measured"] = points["flops_source"].isin(MEASURED_SOURCES)
+    roofs, seen = [], set()
+    for w in workers:
+        peaks = _compute(lambda w=w: roofline.run_peaks(run, w))
+        if peaks.key not in seen:
+            seen.add(peaks.key)
+            roofs.append(roofline.roofs(peaks).assign(note=peaks.note))
+    return {
+        "group": group,
+        "tables": {"points": points, "roofs": pd.concat(roofs, ignore_index=True)},
+        "whole_tables": ["roofs"],
+    }
+
+
+# Stalls (backend/stalls.py) -----------------------------------------------------------------------
+
+STALL_GROUPS = ("kernel", "op", "step", "total")
+
+
+@view("stalls", params=("group",))
+def stalls_view(run: Run, sel: Selection) -> dict:
+    """Warp stall breakdown (`stalls.stall_breakdown`) of the matched kernels, by reason, and
+    the share of each category (memory, dependency, structural) per group: the sum of its
+    reasons' share_pct. Without counters: what is missing and the command that collects it."""
+    from tessera_tb.backend import stalls
+
+    group = sel.param("group") or "kernel"
+    if group not in STALL_GROUPS:
+        raise errors.InvalidArgumentError(f"group must be one of {', '.join(STALL_GROUPS)}")
+    b = _compute(
+        lambda: stalls.stall_breakdown(
+            run, workers=list(sel.workers), steps=list(sel.steps), group_by=group
+        )
+    )
+    keys = {"kernel": ["kernel_name"], "op": ["op_name"], "step": ["worker", "step"]}.get(group, [])
+    tables = {"reasons": b.table}
+    if b.available:
+        stalled = b.table[b.table["category"] != stalls.NOT_A_STALL]
+        by = keys + ["category"]
+        share = stalled.groupby(by, sort=False, dropna=False)["share_pct"].sum().reset_index()
+        if keys:  # groups heaviest first, by their stall warp-cycles
+            weight = stalled.groupby(keys, sort=False, dropna=False)["stall_warp_cycles"].sum()
+            share = share.merge(
+                weight.rename("group_stall_warp_cycles").reset_index(), on=keys, how="left"
+            )
+            share = share.sort_values("group_stall_warp_cycles", ascending=False, kind="stable")
+        else:
+            share["group_stall_warp_cycles"] = stalled["stall_warp_cycles"].sum()
+        tables["categories"] = share.reset_index(drop=True)
+    return {
+        "group": group,
+        "group_keys": keys,
+        "available": b.available,
+        "missing_counters": b.missing_counters,
+        "collect_command": b.collect_command,
+        "note": b.note,
+        "category_reasons": {c: list(r) for c, r in stalls.CATEGORIES.items()},
+        "tables": tables,
     }

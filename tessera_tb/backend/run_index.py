@@ -32,8 +32,10 @@ from tessera_tb.trace.step import StepData
 
 logger = logging.getLogger(__name__)
 
-# (worker, mtime_ns, size) of every meta.pb of a run: it changes whenever a step is added.
-Signature = tuple[tuple[str, int, int], ...]
+# Per worker: (worker, mtime_ns, size) of its meta.pb, which changes whenever a step is added,
+# then of its kernel counters file (0, 0 when absent), which `import-ncu` adds later.
+Signature = tuple[tuple[str, int, int, int, int], ...]
+COUNTERS_FILE = "kernel_counters.pb"
 
 
 @dataclass
@@ -131,7 +133,12 @@ def _meta_signature(run_dir: str) -> Signature:
             st = os.stat(os.path.join(pdir, name, layout.META_FILE))
         except OSError:
             continue
-        sig.append((name, st.st_mtime_ns, st.st_size))
+        try:
+            ct = os.stat(os.path.join(pdir, name, COUNTERS_FILE))
+            counters = (ct.st_mtime_ns, ct.st_size)
+        except OSError:
+            counters = (0, 0)
+        sig.append((name, st.st_mtime_ns, st.st_size, *counters))
     return tuple(sig)
 
 
@@ -199,7 +206,7 @@ class RunIndex:
     def _open(self, name: str, path: str, sig: Signature) -> RunEntry:
         workers, errors = {}, {}
         pdir = layout.plugin_dir(path)
-        for worker, _, _ in sig:
+        for worker, *_ in sig:
             wdir = os.path.join(pdir, worker)
             try:
                 layout.check_worker_name(worker)

@@ -417,11 +417,205 @@ async function memoryView(box, ctx) {
   });
 }
 
-// Views not built yet answer with the route's own message.
-async function pendingView(box, ctx) {
-  const route = ctx.state.view;
-  const data = await ctx.fetch(route);
-  box.replaceChildren(note("info", `No renderer for ${route} yet.`), el("pre", { text: JSON.stringify(data).slice(0, 2000) }));
+// Roofline (backend/roofline.py, devices.py) ---------------------------------------------------
+
+const ROOF_COLORS = { fp64: "#6d4c41", fp64_tensor: "#8d6e63", fp32: "#43a047", tf32: "#00897b", bf16: "#1e88e5", fp16: "#3949ab", fp8: "#8e24aa" };
+
+function shortName(name, n = 90) {
+  return name.length > n ? name.slice(0, n - 1) + "…" : name;
+}
+
+async function rooflineView(box, ctx) {
+  const group = ctx.state.level === "op" ? "op" : "kernel";
+  const data = await ctx.fetch("roofline", { group });
+  ctx.showErrors(data.errors);
+  const points = rowsOf(data.tables.points);
+  const roofs = rowsOf(data.tables.roofs);
+  const nameCol = group === "op" ? "op_name" : "kernel_name";
+  const placeable = points.filter((p) => p.intensity_flops_per_byte > 0 && p.flops_per_s > 0);
+  const unplaced = points.length - placeable.length;
+  const controls = el(
+    "div",
+    { className: "view-controls" },
+    el("label", {}, "Points per ", stateSelect(ctx, "level", [["", "kernel"], ["op", "operator"]], ctx.state.level === "op" ? "op" : "", "roofline-group")),
+    downloadLink("points CSV", "csv", { ...ctx.selection, view: "roofline", group, table: "points" }),
+    downloadLink("roofs CSV", "csv", { ...ctx.selection, view: "roofline", group, table: "roofs" }),
+  );
+  const chart = el("div", { className: "chart roofline-chart" });
+  const devices = [...new Set(roofs.map((r) => r.device))];
+  box.replaceChildren(
+    controls,
+    note(
+      "info",
+      `Roofs: dense datasheet peaks of ${devices.join(", ")} (${roofs[0] ? roofs[0].source : ""}). ` +
+        `Filled points: FLOPs and bytes measured by counters; open points: derived from input shapes (compulsory bytes). ` +
+        `${unplaced} of ${points.length} ${group === "op" ? "operators" : "kernels"} have no FLOPs or bytes to place and are only in the table.`,
+    ),
+    chart,
+    el("h3", { text: `Points (${data.tables.points.total_rows})` }),
+    dataTable(data.tables.points, {
+      columns: [nameCol, ...(group === "op" ? ["op_input_dims"] : []), "flops_source", "count", "dur_ns", "flops", "dram_bytes", "intensity_flops_per_byte", "flops_per_s", "path", "efficiency_pct", "headroom_ms", "bytes_source", "flops_note"],
+      maxRows: 300,
+    }),
+  );
+  box.querySelector("table.data").classList.add("roofline-points");
+  const xs = placeable.map((p) => p.intensity_flops_per_byte);
+  const xmin = Math.min(0.01, ...xs) / 2;
+  const xmax = Math.max(1e4, ...xs) * 2;
+  const traces = [];
+  const memory = roofs.filter((r) => r.kind === "memory");
+  const compute = roofs.filter((r) => r.kind === "compute");
+  for (const m of memory) {
+    const ridgeMax = Math.max(...compute.map((c) => c.ridge_flops_per_byte));
+    traces.push({
+      type: "scatter",
+      mode: "lines",
+      name: escapeHtml(`HBM ${(m.bw_bytes_per_s / 1e12).toFixed(2)} TB/s (${m.device})`),
+      x: [xmin, ridgeMax],
+      y: [m.bw_bytes_per_s * xmin, m.bw_bytes_per_s * ridgeMax],
+      line: { color: "#424242", width: 2 },
+      hoverinfo: "skip",
+    });
+  }
+  for (const c of compute) {
+    traces.push({
+      type: "scatter",
+      mode: "lines",
+      name: escapeHtml(`${c.path} ${(c.peak_flops_per_s / 1e12).toFixed(0)} TFLOP/s`),
+      x: [c.ridge_flops_per_byte, xmax],
+      y: [c.peak_flops_per_s, c.peak_flops_per_s],
+      line: { color: ROOF_COLORS[c.path] || "#757575", dash: "dash", width: 1.5 },
+      hoverinfo: "skip",
+    });
+  }
+  for (const [measured, label, symbol] of [[true, "measured", "circle"], [false, "derived", "circle-open"]]) {
+    const ps = placeable.filter((p) => p.measured === measured);
+    traces.push({
+      type: "scatter",
+      mode: "markers",
+      name: `${label} (${ps.length})`,
+      x: ps.map((p) => p.intensity_flops_per_byte),
+      y: ps.map((p) => p.flops_per_s),
+      marker: {
+        symbol,
+        size: ps.map((p) => 6 + Math.min(14, Math.sqrt(p.dur_ns / 1e5))),
+        color: measured ? "#d84315" : "#1565c0",
+        line: { width: 1.5, color: measured ? "#bf360c" : "#1565c0" },
+      },
+      customdata: ps.map((p) => [
+        escapeHtml(shortName(p[nameCol])),
+        fmtCell("n", p.flops),
+        fmtCell("x_bytes", p.dram_bytes),
+        fmtCell("x_pct", p.efficiency_pct),
+        escapeHtml(p.flops_source),
+        fmtCell("x_ns", p.dur_ns),
+        escapeHtml(p.path || "?"),
+      ]),
+      hovertemplate:
+        "%{customdata[0]}<br>FLOPs %{customdata[1]} · DRAM bytes %{customdata[2]}<br>" +
+        "%{x:.3g} FLOP/byte · %{y:.3s}FLOP/s · %{customdata[6]}<br>" +
+        "efficiency %{customdata[3]} of the roof · time %{customdata[5]} · %{customdata[4]}<extra></extra>",
+    });
+  }
+  await newPlot(ctx, chart, traces, {
+    height: 520,
+    xaxis: { type: "log", title: { text: "operational intensity (FLOP / DRAM byte)" }, range: [Math.log10(xmin), Math.log10(xmax)] },
+    yaxis: { type: "log", title: { text: "achieved FLOP/s" }, tickformat: ".2s" },
+    legend: { orientation: "v" },
+  });
+}
+
+// Stalls (backend/stalls.py) -------------------------------------------------------------------
+
+const STALL_COLORS = { memory: "#1e88e5", dependency: "#fb8c00", structural: "#8e24aa", "not a stall": "#9e9e9e" };
+const STALL_GROUPS = [["kernel", "kernel"], ["op", "operator"], ["step", "worker and step"], ["total", "all kernels"]];
+const MAX_STALL_GROUPS = 25;
+
+async function stallsView(box, ctx) {
+  const group = STALL_GROUPS.some(([g]) => g === ctx.state.level) ? ctx.state.level : "kernel";
+  const data = await ctx.fetch("stalls", { group });
+  ctx.showErrors(data.errors);
+  const controls = el(
+    "div",
+    { className: "view-controls" },
+    el("label", {}, "Group by ", stateSelect(ctx, "level", STALL_GROUPS, group, "stall-group")),
+    data.available ? downloadLink("reasons CSV", "csv", { ...ctx.selection, view: "stalls", group, table: "reasons" }) : null,
+  );
+  if (!data.available) {
+    box.replaceChildren(
+      controls,
+      note(
+        "warn",
+        el("b", { text: "No stall breakdown: " }),
+        `${data.note}. Stall reasons come only from Nsight Compute counters; nothing is estimated without them. Collect them with:`,
+        el("pre", { className: "collect-command", text: data.collect_command }),
+        el("details", {}, el("summary", { text: `missing counters (${data.missing_counters.length})` }), el("ul", {}, data.missing_counters.map((m) => el("li", { text: m })))),
+      ),
+    );
+    return;
+  }
+  const keys = data.group_keys;
+  const label = (r) => (keys.length ? keys.map((k) => r[k]).join(" · ") : "all kernels");
+  const cats = rowsOf(data.tables.categories);
+  const groups = [...new Set(cats.map(label))].slice(0, MAX_STALL_GROUPS);
+  const chart = el("div", { className: "chart stall-chart" });
+  const drill = el("div", { className: "stall-drill" });
+  box.replaceChildren(
+    controls,
+    note("info", `${data.note}. Shares of stall warp-cycles; click a bar for its reasons.`),
+    chart,
+    drill,
+  );
+  const traces = Object.keys(data.category_reasons).map((c) => {
+    const byGroup = new Map(cats.filter((r) => r.category === c).map((r) => [label(r), r.share_pct]));
+    return {
+      type: "bar",
+      orientation: "h",
+      name: c,
+      y: groups.map((g) => escapeHtml(shortName(g, 60))),
+      x: groups.map((g) => byGroup.get(g) ?? 0),
+      customdata: groups.map((g) => escapeHtml(shortName(g, 200))),
+      marker: { color: STALL_COLORS[c] },
+      hovertemplate: `%{customdata}<br>${c}: %{x:.1f}% of stall cycles<extra></extra>`,
+    };
+  });
+  const reasons = rowsOf(data.tables.reasons);
+  const showReasons = async (g) => {
+    const rs = reasons.filter((r) => label(r) === g && r.share_pct !== null);
+    drill.replaceChildren(el("h3", { className: "drill-title", text: `Reasons: ${shortName(g, 160)}` }));
+    const reasonChart = el("div", { className: "chart stall-reasons-chart" });
+    drill.append(reasonChart);
+    const table = {
+      columns: ["reason", "category", "share_pct", "cycles_per_issued_inst", "kernels", "low_confidence_kernels"],
+      data: ["reason", "category", "share_pct", "cycles_per_issued_inst", "kernels", "low_confidence_kernels"].map((c) =>
+        reasons.filter((r) => label(r) === g).map((r) => r[c]),
+      ),
+    };
+    drill.append(dataTable(table));
+    await newPlot(ctx, reasonChart, [
+      {
+        type: "bar",
+        x: rs.map((r) => r.reason),
+        y: rs.map((r) => r.share_pct),
+        marker: { color: rs.map((r) => STALL_COLORS[r.category]) },
+        customdata: rs.map((r) => [r.category, r.cycles_per_issued_inst]),
+        hovertemplate: "%{x} (%{customdata[0]}): %{y:.1f}%<br>%{customdata[1]:.3f} cycles per issued instruction<extra></extra>",
+      },
+    ], { height: 300, yaxis: { title: { text: "% of stall cycles" } } });
+  };
+  await newPlot(ctx, chart, traces, {
+    barmode: "stack",
+    height: Math.max(260, 26 * groups.length + 90),
+    margin: { l: 420, t: 30 },
+    xaxis: { title: { text: "% of stall warp-cycles" }, range: [0, 100] },
+    yaxis: { autorange: "reversed", automargin: false },
+    legend: { orientation: "h", y: 1.08 },
+  });
+  chart.on("plotly_click", (ev) => {
+    const i = ev.points[0].pointIndex;
+    showReasons(groups[i]);
+  });
+  if (groups.length) await showReasons(groups[0]);
 }
 
 export const VIEWS = {
@@ -430,8 +624,8 @@ export const VIEWS = {
   operators: topkView("operators"),
   kernels: topkView("kernels"),
   memory: memoryView,
-  roofline: pendingView,
-  stalls: pendingView,
+  roofline: rooflineView,
+  stalls: stallsView,
   collectives: collectivesView,
 };
 

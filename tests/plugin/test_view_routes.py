@@ -189,3 +189,75 @@ def test_memory_peak_is_the_highest_total_allocated_of_the_step_files(tb_url):
     assert curves["total_rows"] == len(curves["data"][0])  # curves are never cut
     n_memory = sum(int((s.events["kind"] == KIND["memory"]).sum()) for _, s in run.iter_steps())
     assert curves["total_rows"] == n_memory
+
+
+def _counter_kernel_names(run_name: str, worker: str) -> set[str]:
+    """Names of the run's kernels that Nsight Compute counters were matched to, read from
+    kernel_counters.pb and the step files (not through the analyses)."""
+    from tessera_tb.trace.kernel_counters import load_kernel_counters
+
+    run = _run(run_name)
+    profile = load_kernel_counters(run.path, worker)
+    names: set[str] = set()
+    for s in run.steps:
+        step = run.load_step(worker, s)
+        rows_ = profile.row[(profile.row >= 0) & (profile.step == s)]
+        names |= set(step.string_values(step.events["name_id"][rows_]))
+    return names
+
+
+def test_roofline_has_one_measured_point_per_kernel_with_counters(tb_url):
+    got = get_json(tb_url, "roofline", run="gpt_1gpu")
+    points = rows(got["tables"]["points"])
+    measured = [p for p in points if p["measured"]]
+    want = _counter_kernel_names("gpt_1gpu", "worker0")
+    assert want and sorted(p["kernel_name"] for p in measured) == sorted(want)
+    roofs = rows(got["tables"]["roofs"])
+    assert {r["path"] for r in roofs if r["kind"] == "compute"} >= {"fp32", "tf32", "bf16", "fp8"}
+    hbm = next(r for r in roofs if r["kind"] == "memory")
+    assert hbm["bw_bytes_per_s"] == 4.8e12 and hbm["device"] == "H200 SXM"  # METRICS.md table
+
+
+def test_roofline_derived_gemm_flops_are_two_m_n_k_of_its_shapes(tb_url):
+    import json as jsonlib
+
+    got = get_json(tb_url, "roofline", run="gpt_1gpu", group="op", steps="4")
+    mm = [
+        p
+        for p in rows(got["tables"]["points"])
+        if p["op_name"] == "aten::mm" and p["flops_source"] == "derived"
+    ]
+    assert mm
+    for p in mm:
+        (m, k), (k2, n) = jsonlib.loads(p["op_input_dims"])[:2]
+        assert k == k2 and p["flops"] == 2 * m * n * k * p["count"]
+
+
+def test_stalls_without_counters_say_how_to_collect_them(tb_url):
+    got = get_json(tb_url, "stalls", run="ddp_gpt_2rank")
+    assert got["available"] is False
+    assert (
+        got["collect_command"].startswith("ncu ")
+        and "smsp__inst_issued.sum" in got["collect_command"]
+    )
+    assert "tessera-prof import-ncu" in got["collect_command"]
+    assert got["tables"]["reasons"]["total_rows"] == 0
+
+
+def test_stall_category_shares_sum_their_reasons_and_to_100(tb_url):
+    got = get_json(tb_url, "stalls", run="gpt_1gpu", group="kernel")
+    assert got["available"] is True
+    reasons = rows(got["tables"]["reasons"])
+    cats = rows(got["tables"]["categories"])
+    for c in cats[:12]:
+        mine = [
+            r
+            for r in reasons
+            if r["kernel_name"] == c["kernel_name"] and r["category"] == c["category"]
+        ]
+        assert c["share_pct"] == pytest.approx(sum(r["share_pct"] for r in mine))
+    by_kernel: dict[str, float] = {}
+    for c in cats:
+        by_kernel[c["kernel_name"]] = by_kernel.get(c["kernel_name"], 0.0) + c["share_pct"]
+    assert all(v == pytest.approx(100.0) for v in by_kernel.values())
+    assert {r["kernel_name"] for r in reasons} <= _counter_kernel_names("gpt_1gpu", "worker0")
