@@ -1,0 +1,342 @@
+"""Portable records: one dict per kernel, NCCL kernel, memcpy and memset of a run.
+
+A record carries where and when the device work ran, its launch shape, and the portable
+kernel counters of METRICS.md ("Kernel counters"). Anything unknown is None, and the record's
+`capabilities` dict says why, keyed by field:
+
+- `unavailable:no-ncu` — hardware counters need Nsight Compute (`tessera-prof import-ncu`);
+  where the run has Nsight Compute counters matched with this kernel they are filled in;
+- `estimated:...` — `sm_occupancy` from Kineto's `est. achieved occupancy %` (an estimate
+  from the launch configuration, not a measurement);
+- `n/a:...` — the field does not apply (memcpy fields of a kernel, collective fields of a
+  memcpy);
+- `unavailable:...` — other reasons (no NVML samples, no `bytes` arg, ...).
+
+Field definitions:
+
+- name, kind (`kernel`, `collective`, `memcpy`, `memset`), step, rank, worker, device,
+  stream, start_ns (epoch ns), dur_ns;
+- grid, block: lists of 3 ints from the trace args; registers: registers per thread;
+- memcpy_dir: the direction in the memcpy's name (`HtoD`, `DtoH`, `DtoD`, `HtoH`, `PtoP`);
+  memcpy_gbps = `bytes` arg / dur_ns (GB/s = 1e9 bytes/s);
+- collective_type, collective_bytes, collective_overlap_pct: from the collectives analysis
+  (`backend.collectives.collective_kernels`: type from `Collective name`, bytes = max(In, Out
+  msg nelems) x dtype size, overlap with compute kernels on other streams of the device);
+- power_w, temp_c, throttle_reason: the NVML sample of the kernel's device last taken at or
+  before the kernel's start, within its step (sample-and-hold; samples are every
+  `sample_interval_ms`); throttle_reason names the set bits of NVML's clock-event-reason
+  bitmask ("none" when no bit is set).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+
+from tessera_tb.trace.reader import Run
+from tessera_tb.trace.step import KIND, StepData
+
+RECORD_KINDS = ("kernel", "collective", "memcpy", "memset")
+NCU_COUNTERS = (
+    "warp_divergence_pct",
+    "inst_issue_eff_pct",
+    "dram_read_gbps",
+    "dram_write_gbps",
+    "l2_hit_rate",
+    "smem_bank_conflicts",
+    "tc_util_pct",
+    "alu_util_pct",
+    "cp_async_inflight",
+)
+FIELDS = (
+    "name",
+    "kind",
+    "step",
+    "rank",
+    "worker",
+    "device",
+    "stream",
+    "start_ns",
+    "dur_ns",
+    "grid",
+    "block",
+    "registers",
+    "sm_occupancy",
+    *NCU_COUNTERS,
+    "memcpy_dir",
+    "memcpy_gbps",
+    "collective_type",
+    "collective_bytes",
+    "collective_overlap_pct",
+    "power_w",
+    "temp_c",
+    "throttle_reason",
+)
+NO_NCU = "unavailable:no-ncu"
+# NVML clock event (throttle) reason bits, nvml.h `nvmlClocksEventReason*`.
+THROTTLE_BITS = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+_MEMCPY_DIR = re.compile(r"\b(HtoD|DtoH|DtoD|HtoH|PtoP|DtoA|AtoD|AtoA|AtoH|HtoA)\b")
+
+
+def throttle_names(mask: float) -> str | None:
+    """`sw_power_cap|hw_slowdown` from an NVML bitmask; "none" for 0; None for NaN."""
+    if not np.isfinite(mask):
+        return None
+    bits = int(mask)
+    if bits == 0:
+        return "none"
+    names = [name for bit, name in THROTTLE_BITS.items() if bits & bit]
+    rest = bits & ~sum(THROTTLE_BITS)
+    if rest:
+        names.append(f"0x{rest:x}")
+    return "|".join(names)
+
+
+def _attr(step: StepData, key: str, rows: np.ndarray) -> list:
+    s = step.attr(key)
+    if s.empty:
+        return [None] * rows.size
+    s = s[~s.index.duplicated()]
+    return [None if _missing(v) else v for v in s.reindex(rows).tolist()]
+
+
+def _missing(v) -> bool:
+    return v is None or (isinstance(v, float) and not np.isfinite(v))
+
+
+def _dims(v) -> list[int] | None:
+    if v is None:
+        return None
+    try:
+        out = json.loads(v) if isinstance(v, str) else v
+    except ValueError:
+        return None
+    return [int(x) for x in out] if isinstance(out, list) else None
+
+
+def _sample_at(step: StepData, device: int, name: str, t_ns: np.ndarray) -> np.ndarray | None:
+    """The counter's last sample at or before each time (NaN before the first); None if the
+    step has no such counter for the device."""
+    series = [c for c in step.counters if c.name == name and c.device == device]
+    if not series:
+        return None
+    c = series[0]
+    ts = np.asarray(c.ts_ns, dtype=np.int64)
+    order = np.argsort(ts, kind="stable")
+    ts, values = ts[order], np.asarray(c.values, dtype=np.float64)[order]
+    pos = np.searchsorted(ts, t_ns, side="right") - 1
+    return np.where(pos >= 0, values[np.maximum(pos, 0)], np.nan)
+
+
+def _ncu_links(run: Run, worker: str):
+    try:
+        from tessera_tb.backend.counter_join import linked_kernels, worker_profiles
+    except ImportError:
+        return None, None
+    profile = worker_profiles(run, [worker]).get(worker)
+    return profile, linked_kernels
+
+
+def _collectives(run: Run, worker: str, steps: list[int]) -> dict[tuple[int, int], dict]:
+    try:
+        from tessera_tb.backend.collectives import collective_kernels
+    except ImportError:
+        return {}
+    k = collective_kernels(run, workers=[worker], steps=steps)
+    out = {}
+    for rec in k[["step", "row", "collective_type", "size_bytes", "overlap_pct"]].to_dict(
+        "records"
+    ):
+        out[(int(rec["step"]), int(rec["row"]))] = rec
+    return out
+
+
+def step_records(
+    step: StepData,
+    *,
+    worker: str,
+    rank: int,
+    profile=None,
+    linked_kernels=None,
+    collectives: dict | None = None,
+) -> list[dict]:
+    """The records of one step (see the module docstring)."""
+    ev = step.events
+    codes = np.array([KIND[k] for k in RECORD_KINDS], dtype=np.uint8)
+    rows = np.flatnonzero(np.isin(ev["kind"], codes))
+    if rows.size == 0:
+        return []
+    tracks = step.tracks
+    track = ev["track_id"][rows]
+    device = np.array([tracks[t].device for t in track], dtype=np.int64)
+    stream = np.array([tracks[t].stream for t in track], dtype=np.int64)
+    names = step.string_values(ev["name_id"][rows]).tolist()
+    kinds = [RECORD_KINDS[list(codes).index(k)] for k in ev["kind"][rows].tolist()]
+    start = ev["start_ns"][rows]
+    dur = ev["dur_ns"][rows]
+    grid = _attr(step, "grid", rows)
+    block = _attr(step, "block", rows)
+    regs = _attr(step, "registers per thread", rows)
+    occ = _attr(step, "est. achieved occupancy %", rows)
+    nbytes = _attr(step, "bytes", rows)
+
+    # Nsight Compute counters matched with these kernels, when the run has them.
+    ncu: dict[int, dict] = {}
+    ncu_caps: dict[str, str] = {}
+    if profile is not None and linked_kernels is not None:
+        idx, linked_rows = linked_kernels(profile, step)
+        for name in ("sm_occupancy", *NCU_COUNTERS):
+            metric = profile.metrics.get(name)
+            ncu_caps[name] = metric.capability if metric is not None else NO_NCU
+        for i, r in zip(idx.tolist(), linked_rows.tolist()):
+            ncu[r] = {n: profile.values(n)[i] for n in ("sm_occupancy", *NCU_COUNTERS)}
+
+    nvml = {}
+    for d in np.unique(device).tolist():
+        sel = device == d
+        for name in ("power_w", "temp_c", "throttle_reasons"):
+            values = _sample_at(step, d, name, start[sel])
+            if values is not None:
+                nvml.setdefault(name, np.full(rows.size, np.nan))[sel] = values
+    has_nvml = {d: any(c.device == d and c.source == "nvml" for c in step.counters)
+                for d in np.unique(device).tolist()}  # fmt: skip
+
+    out = []
+    for i, row in enumerate(rows.tolist()):
+        kind = kinds[i]
+        caps: dict[str, str] = {}
+        rec = {
+            "name": names[i],
+            "kind": kind,
+            "step": step.step,
+            "rank": rank,
+            "worker": worker,
+            "device": int(device[i]),
+            "stream": int(stream[i]),
+            "start_ns": int(start[i]),
+            "dur_ns": int(dur[i]),
+            "grid": _dims(grid[i]),
+            "block": _dims(block[i]),
+            "registers": int(regs[i]) if regs[i] is not None else None,
+        }
+        is_kernel = kind in ("kernel", "collective")
+        for f in ("grid", "block", "registers"):
+            if rec[f] is None:
+                caps[f] = (
+                    "unavailable:not in the trace args"
+                    if is_kernel
+                    else f"n/a:not a kernel ({kind})"
+                )
+        measured = ncu.get(row)
+        if measured is not None and np.isfinite(measured["sm_occupancy"]):
+            rec["sm_occupancy"] = float(measured["sm_occupancy"])
+        elif occ[i] is not None:
+            rec["sm_occupancy"] = float(occ[i])
+            caps["sm_occupancy"] = "estimated:Kineto est. achieved occupancy % (launch config)"
+        else:
+            rec["sm_occupancy"] = None
+            caps["sm_occupancy"] = (
+                ncu_caps.get("sm_occupancy", NO_NCU) if is_kernel else f"n/a:not a kernel ({kind})"
+            )
+        for name in NCU_COUNTERS:
+            value = measured.get(name) if measured is not None else None
+            if value is not None and np.isfinite(value):
+                rec[name] = float(value)
+            else:
+                rec[name] = None
+                if not is_kernel:
+                    caps[name] = f"n/a:not a kernel ({kind})"
+                elif measured is not None:
+                    caps[name] = ncu_caps.get(name, NO_NCU)
+                else:
+                    caps[name] = NO_NCU
+        if kind == "memcpy":
+            m = _MEMCPY_DIR.search(names[i])
+            rec["memcpy_dir"] = m.group(1) if m else None
+            if m is None:
+                caps["memcpy_dir"] = "unavailable:no direction in the memcpy name"
+            if nbytes[i] is not None and dur[i] > 0:
+                rec["memcpy_gbps"] = float(nbytes[i]) / float(dur[i])
+            else:
+                rec["memcpy_gbps"] = None
+                caps["memcpy_gbps"] = "unavailable:no bytes arg or zero duration"
+        else:
+            rec["memcpy_dir"] = rec["memcpy_gbps"] = None
+            caps["memcpy_dir"] = caps["memcpy_gbps"] = f"n/a:not a memcpy ({kind})"
+        coll = (collectives or {}).get((step.step, row)) if kind == "collective" else None
+        if coll is not None:
+            rec["collective_type"] = coll["collective_type"] or None
+            rec["collective_bytes"] = _num(coll["size_bytes"], int)
+            rec["collective_overlap_pct"] = _num(coll["overlap_pct"], float)
+            for f in ("collective_type", "collective_bytes", "collective_overlap_pct"):
+                if rec[f] is None:
+                    caps[f] = "unavailable:missing NCCL args (Collective name, msg nelems, dtype)"
+        else:
+            for f in ("collective_type", "collective_bytes", "collective_overlap_pct"):
+                rec[f] = None
+                caps[f] = (
+                    f"n/a:not a collective ({kind})"
+                    if kind != "collective"
+                    else "unavailable:no collectives analysis"
+                )
+        for field, counter in (("power_w", "power_w"), ("temp_c", "temp_c")):
+            v = nvml.get(counter)
+            rec[field] = float(v[i]) if v is not None and np.isfinite(v[i]) else None
+        t = nvml.get("throttle_reasons")
+        rec["throttle_reason"] = throttle_names(t[i]) if t is not None else None
+        for f in ("power_w", "temp_c", "throttle_reason"):
+            if rec[f] is None:
+                caps[f] = (
+                    "unavailable:no NVML sample of this device before the kernel in its step"
+                    if has_nvml.get(int(device[i]))
+                    else "unavailable:no NVML samples (activity 'power' off, or no driver)"
+                )
+        rec["capabilities"] = caps
+        out.append(rec)
+    return out
+
+
+def _num(v, cast):
+    if v is None:
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return cast(f) if np.isfinite(f) else None
+
+
+def kernel_records(
+    run: Run, workers: Iterable[str] | None = None, steps: Iterable[int] | None = None
+) -> Iterator[dict]:
+    """Records of the selected workers and steps, step by step (one step file in memory)."""
+    from tessera_tb.backend.selection import resolve_steps, resolve_workers
+
+    chosen = set(resolve_steps(run, steps))
+    for worker in resolve_workers(run, workers):
+        info = run.worker(worker)
+        worker_steps = [s for s in info.steps if s in chosen]
+        profile, linker = _ncu_links(run, worker)
+        collectives = _collectives(run, worker, worker_steps)
+        for s in worker_steps:
+            yield from step_records(
+                run.load_step(worker, s),
+                worker=worker,
+                rank=int(info.meta.rank),
+                profile=profile,
+                linked_kernels=linker,
+                collectives=collectives,
+            )
