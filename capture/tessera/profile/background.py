@@ -118,8 +118,15 @@ class StepAssembler:
         finally:
             self.busy_ns += time.perf_counter_ns() - t0
 
-    def finish(self) -> None:
-        """Write what is pending and close the files."""
+    def finish(self, orphaned: bool = False) -> None:
+        """Write what is pending and close the files.
+
+        `orphaned`: the training process died. Host batches still waiting for their window's
+        trace are then dropped: that window ended with the process, and a step without its
+        profiler trace would read as a step without ops.
+        """
+        if orphaned:
+            self._pending.clear()
         self._flush_pending("the profiler delivered no trace for this step")
         if self.nvml is not None:
             self.nvml.stop()

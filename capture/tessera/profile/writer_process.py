@@ -5,7 +5,8 @@ with two pipe file descriptors: messages come in on IN (pickled tuples, framed b
 `multiprocessing.connection.Connection`), reports go out on OUT. It runs at a lower CPU
 priority, ignores SIGINT (Ctrl-C belongs to the training loop), and when IN closes without a
 "close" message (the training process died) it writes everything it was handed, closes the
-run's files, removes the session's window directory and exits.
+run's files, removes the session's window directory and exits (the steps of a window that
+never arrived are dropped).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ def main(argv: list[str]) -> int:
 
     assembler = make_assembler(config, report)
     assembler.open()
+    orphaned = True
     try:
         while True:
             try:
@@ -47,10 +49,11 @@ def main(argv: list[str]) -> int:
             except (EOFError, OSError):
                 break  # the training process is gone: finish what was handed over
             if msg[0] == "close":
+                orphaned = False
                 break
             assembler.handle(msg)
     finally:
-        assembler.finish()
+        assembler.finish(orphaned=orphaned)
         tmpdir = config.get("tmpdir")
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
