@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tessera.cli import import_cmd, import_ncu_cmd
+from tessera.cli import import_cmd, import_ncu_cmd, report_cmd
 
-_COMMANDS = {"import": import_cmd, "import-ncu": import_ncu_cmd}
+_COMMANDS = {"import": import_cmd, "import-ncu": import_ncu_cmd, "report": report_cmd}
 
 
 def build_parser() -> argparse.ArgumentParser:
