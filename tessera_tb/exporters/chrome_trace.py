@@ -135,8 +135,13 @@ def _attr_args(step: StepData) -> list[dict]:
     return args
 
 
-def chrome_trace(steps: Iterable[StepData], *, process_name: str | None = None) -> dict:
-    """The Chrome trace object (a dict with `traceEvents`) of the steps, in step order."""
+def chrome_trace(
+    steps: Iterable[StepData], *, process_name: str | None = None, step_slices: bool = True
+) -> dict:
+    """The Chrome trace object (a dict with `traceEvents`) of the steps, in step order.
+
+    `step_slices` adds the "Steps" thread (one slice per step span).
+    """
     ids = _Ids(process_name)
     parts = []
     base_ns = None
@@ -260,8 +265,8 @@ def chrome_trace(steps: Iterable[StepData], *, process_name: str | None = None) 
             for t_us, v in zip(_us(np.asarray(c.ts_ns)[keep] - base_ns), values[keep].tolist()):
                 out.append({"ph": "C", "name": label, "pid": cpid, "ts": t_us,
                             "args": {c.name: v}})  # fmt: skip
-    steps_tid = ids.thread(("steps",), host_pid, "", "Steps", -1)
-    for step in parts:
+    steps_tid = ids.thread(("steps",), host_pid, "", "Steps", -1) if step_slices else 0
+    for step in parts if step_slices else []:
         out.append({"ph": "X", "name": f"Step {step.step}", "cat": "step", "pid": host_pid,
                     "tid": steps_tid, "ts": _us(np.array([step.start_ns - base_ns]))[0],
                     "dur": _us(np.array([step.end_ns - step.start_ns]))[0],
@@ -274,10 +279,15 @@ def chrome_trace(steps: Iterable[StepData], *, process_name: str | None = None) 
 
 
 def export_chrome_trace(
-    steps: Iterable[StepData], path: str, *, process_name: str | None = None
+    steps: Iterable[StepData],
+    path: str,
+    *,
+    process_name: str | None = None,
+    step_slices: bool = True,
 ) -> str:
     """Write the steps as a Chrome/Perfetto trace JSON file (atomically); returns the path."""
-    data = msgspec.json.encode(chrome_trace(steps, process_name=process_name))
+    trace = chrome_trace(steps, process_name=process_name, step_slices=step_slices)
+    data = msgspec.json.encode(trace)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     write_bytes_atomic(path, data)

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tessera.cli import import_cmd, import_ncu_cmd, report_cmd
+from tessera.cli import attach_cmd, import_cmd, import_ncu_cmd, report_cmd
 
-_COMMANDS = {"import": import_cmd, "import-ncu": import_ncu_cmd, "report": report_cmd}
+_COMMANDS = {
+    "import": import_cmd,
+    "import-ncu": import_ncu_cmd,
+    "report": report_cmd,
+    "attach": attach_cmd,
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
