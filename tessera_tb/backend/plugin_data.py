@@ -12,12 +12,14 @@ Parameters from requests are resolved against what the index discovered (`resolv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+import msgspec
 import numpy as np
 import pandas as pd
 from tensorboard import errors
@@ -26,6 +28,7 @@ from tessera_tb.backend.run_index import CachedRun, RunEntry, RunIndex
 from tessera_tb.backend.selection import steady_state_step
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.reader import Run
+from tessera_tb.trace.step import Attr, StepData
 
 # JSON ------------------------------------------------------------------------------------------
 
@@ -251,7 +254,23 @@ def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
     item["workers"].sort(key=lambda x: (x.get("rank", 1 << 30), x["name"]))
     first = next((w for w in parse_workers(run, None) if run.workers[w].steps), None)
     item["default_step"] = steady_state_step(run, first) if first else None
+    item["default_steps"] = default_steps(run, first) if first else None
     return item
+
+
+DEFAULT_STEP_RANGE = 8
+
+
+def default_steps(run: Run, worker: str) -> str:
+    """The step range a view opens with: every step when the worker has at most
+    DEFAULT_STEP_RANGE, else that many consecutive steps from the steady-state step (so the
+    first view of a long run reads a bounded number of step files)."""
+    steps = run.worker(worker).steps
+    if len(steps) > DEFAULT_STEP_RANGE:
+        i = steps.index(steady_state_step(run, worker))
+        i = max(0, min(i, len(steps) - DEFAULT_STEP_RANGE))
+        steps = steps[i : i + DEFAULT_STEP_RANGE]
+    return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
 def run_header(index: RunIndex, entry: RunEntry) -> dict:
@@ -501,9 +520,68 @@ def table_csv(index: RunIndex, args) -> tuple[bytes, str]:
     return body, download_name(args.get("run"), name, table, suffix=".csv")
 
 
+def step_window(step: StepData, lo_ns: int, hi_ns: int) -> StepData:
+    """The events of `step` that overlap [lo_ns, hi_ns) (instants: lo_ns <= ts < hi_ns), with
+    their attributes, flow points and the counter samples inside the window. Row references
+    to events left out become -1 (no reference)."""
+    ev = step.events
+    start, dur = ev["start_ns"], ev["dur_ns"]
+    keep = ((start < hi_ns) & (start + dur > lo_ns)) | ((dur == 0) & (start >= lo_ns))
+    keep &= start < hi_ns
+    rows = np.flatnonzero(keep)
+    new_row = np.full(step.num_events, -1, dtype=np.int32)
+    new_row[rows] = np.arange(rows.size, dtype=np.int32)
+
+    def remap(refs: np.ndarray) -> np.ndarray:
+        return np.where(refs >= 0, new_row[np.maximum(refs, 0)], -1).astype(np.int32)
+
+    events = {k: v[rows] for k, v in ev.items()}
+    events["parent"] = remap(events["parent"])
+    events["launch"] = remap(events["launch"])
+    attrs = []
+    for a in step.attrs:
+        m = keep[a.rows]
+        attrs.append(Attr(a.key, a.type, new_row[a.rows[m]], a.values[m]))
+    flows = {}
+    if step.flows:
+        frow = step.flows["row"]
+        kept = (frow >= 0) & keep[np.maximum(frow, 0)] if frow.size else frow.astype(bool)
+        flows = {k: v[kept] for k, v in step.flows.items()}
+        flows["row"] = new_row[flows["row"]]
+    counters = []
+    for c in step.counters:
+        m = (c.ts_ns >= lo_ns) & (c.ts_ns < hi_ns)
+        counters.append(dataclasses.replace(c, ts_ns=c.ts_ns[m], values=c.values[m]))
+    return dataclasses.replace(step, events=events, attrs=attrs, flows=flows, counters=counters)
+
+
 def chrome_trace(index: RunIndex, args) -> tuple[bytes, str]:
-    """A step (or a window of it) as Chrome/Perfetto trace JSON."""
-    raise errors.NotFoundError("the Chrome trace exporter is not available yet")
+    """The selected workers' steps, cut to the window [t0, t1) (ns offsets from
+    `timeline_origin_ns`; default: the whole steps), as one Chrome/Perfetto trace JSON
+    (`exporters.chrome_trace`)."""
+    from tessera_tb.exporters.chrome_trace import chrome_trace as to_chrome_trace
+
+    entry = resolve_run(index, args.get("run"))
+    workers = parse_workers(entry.run, args.get("workers") or args.get("worker"))
+    steps = parse_steps(entry.run, workers, args.get("steps"))
+    run, _ = index.usable_run(entry, workers, steps)
+    origin, end = timeline_origin_ns(run, steps)
+    t0 = parse_int(args.get("t0"), 0, -(10**15), 10**15, "t0")
+    t1 = parse_int(args.get("t1"), end - origin, -(10**15), 10**15, "t1")
+    if t1 <= t0:
+        raise errors.InvalidArgumentError("t1 must be after t0")
+    parts = [
+        step_window(run.load_step(w, s), origin + t0, origin + t1)
+        for w in workers
+        for s in steps
+        if s in run.worker(w).steps
+    ]
+    if not parts:
+        raise errors.NotFoundError("no readable step in the selection")
+    name = workers[0] if len(workers) == 1 else None
+    body = msgspec.json.encode(to_chrome_trace(parts, process_name=name))
+    label = f"steps{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"step{steps[0]}"
+    return body, download_name(args.get("run"), label, suffix=".trace.json")
 
 
 # Overview (backend/breakdown.py, summary.py, findings.py) -----------------------------------------

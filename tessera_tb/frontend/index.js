@@ -231,8 +231,9 @@ class App {
     );
     const steps = [...new Set(workers.flatMap((w) => w.steps.map((s) => s.step)))].sort((a, b) => a - b);
     let [lo, hi] = [steps[0], steps[steps.length - 1]];
-    if (this.state.steps) {
-      const m = this.state.steps.match(/^(-?\d+)(?:-(-?\d+))?$/);
+    const chosen = this.state.steps || (this.run ? this.run.default_steps : "");
+    if (chosen) {
+      const m = chosen.match(/^(-?\d+)(?:-(-?\d+))?$/);
       if (m) [lo, hi] = [Number(m[1]), Number(m[2] ?? m[1])];
     }
     const stepOptions = (sel) =>
@@ -313,9 +314,11 @@ class App {
     }
   }
 
-  /** Selection parameters every data route takes. */
+  /** Selection parameters every data route takes; without a chosen step range, the run's
+   * default range (every step of a short run, a bounded window of a long one). */
   selection() {
-    return { run: this.state.run, workers: this.state.workers, steps: this.state.steps };
+    const steps = this.state.steps || (this.run ? this.run.default_steps : undefined) || undefined;
+    return { run: this.state.run, workers: this.state.workers, steps };
   }
 
   async showView() {

@@ -211,3 +211,20 @@ def test_routes_work_with_the_multiplexer_loader_and_a_path_prefix(tb_slow_loade
     status, body, _ = http_get(url + "/data/plugins_listing")
     assert json.loads(body)["tessera"]["enabled"] is True
     assert get_json(url, "topk", run="gpt_1gpu", k=1)["k"] == 1
+
+
+def test_a_long_run_opens_on_eight_steps_from_its_steady_state_step():
+    from tessera_tb.trace.reader import Run, WorkerInfo
+
+    meta = pb.WorkerMeta(worker="rank0")
+    for s in range(20):  # step 0 is slow (warm-up); steps 13 and 14 are the median-like ones
+        dur = 90 if s == 0 else 50 + (s % 7)
+        meta.steps.add(step=s, start_ns=s * 100, end_ns=s * 100 + dur)
+    run = Run("/nonexistent", {"rank0": WorkerInfo("rank0", "/nonexistent", meta)})
+    start = steady_state_step(run, "rank0")
+    assert plugin_data.default_steps(run, "rank0") == f"{min(start, 12)}-{min(start, 12) + 7}"
+    short = pb.WorkerMeta(worker="w")
+    for s in (4, 5, 6):
+        short.steps.add(step=s, start_ns=s, end_ns=s + 1)
+    run = Run("/nonexistent", {"w": WorkerInfo("w", "/nonexistent", short)})
+    assert plugin_data.default_steps(run, "w") == "4-6"

@@ -261,3 +261,28 @@ def test_stall_category_shares_sum_their_reasons_and_to_100(tb_url):
         by_kernel[c["kernel_name"]] = by_kernel.get(c["kernel_name"], 0.0) + c["share_pct"]
     assert all(v == pytest.approx(100.0) for v in by_kernel.values())
     assert {r["kernel_name"] for r in reasons} <= _counter_kernel_names("gpt_1gpu", "worker0")
+
+
+def test_chrome_trace_download_holds_exactly_the_events_of_the_window(tb_url):
+    import json as jsonlib
+
+    run = _run("ddp_gpt_2rank")
+    step = run.load_step("rank0", 5)
+    origin = min(
+        next(e.start_ns for e in w.meta.steps if e.step == 5) for w in run.workers.values()
+    )
+    t0, t1 = 30_000_000, 34_000_000
+    status, body, headers = http_get(
+        route_url(tb_url, "trace", run="ddp_gpt_2rank", workers="rank0", steps=5, t0=t0, t1=t1)
+    )
+    assert status == 200
+    assert headers["Content-Disposition"] == 'attachment; filename="ddp_gpt_2rank_step5.trace.json"'
+    trace = jsonlib.loads(body)
+    events = [e for e in trace["traceEvents"] if e["ph"] in ("X", "i") and e.get("cat") != "step"]
+    assert len(events) == _overlapping(step, origin + t0, origin + t1) > 100
+    base = trace["otherData"]["base_time_ns"]
+    first = min(events, key=lambda e: e["ts"])
+    s = step.events["start_ns"]
+    assert round(first["ts"] * 1000) + base == int(
+        s[(s + step.events["dur_ns"] > origin + t0)].min()
+    )
