@@ -26,6 +26,7 @@ FLOPs and bytes come from, per point (`flops_source`, `bytes_source`):
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Iterable
 
@@ -392,8 +393,10 @@ def _elementwise_work(name: str, dims: list, types: list):
     return _ELEMENTWISE_OPS[name] * numel, nbytes, t[0][1]
 
 
+@functools.lru_cache(maxsize=65536)
 def _derive(name: str, dims_text: str, types_text: str, concrete_text: str):
-    """(flops, bytes, path, source, formula) for one op signature, or None."""
+    """(flops, bytes, path, source, formula) for one op signature, or None. Cached: the same
+    signatures recur in every step of a run."""
     try:
         dims = json.loads(dims_text) if dims_text else []
         types = json.loads(types_text) if types_text else []
