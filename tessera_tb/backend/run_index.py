@@ -229,9 +229,10 @@ class RunIndex:
         self.start()
         self._scanned.wait(timeout_s)
 
-    def entries(self) -> dict[str, RunEntry]:
-        """The runs as of the last scan, by name (waits only for the first scan)."""
-        self.wait_first_scan()
+    def entries(self, wait_s: float = 60.0) -> dict[str, RunEntry]:
+        """The runs as of the last scan, by name (waits only for the first scan, at most
+        `wait_s`)."""
+        self.wait_first_scan(wait_s)
         with self._lock:
             return dict(self._entries)
 

@@ -186,9 +186,15 @@ class Tab:
         self.page.on("console", self._console)
         self.page.on("pageerror", lambda e: self.errors.append(str(e)))
         self.page.on("dialog", self._dialog)
+        self.failed: list[str] = []  # URLs answered with an HTTP error
+        self.page.on("response", lambda r: r.status >= 400 and self.failed.append(r.url))
         self.frame = None
 
     def _console(self, m) -> None:
+        # A failed load is judged by its URL in assert_clean (TensorBoard's own font requests
+        # 404 under --path_prefix).
+        if m.text.startswith("Failed to load resource"):
+            return
         if m.type == "error" and not any(n in m.text for n in _CONSOLE_NOISE):
             self.errors.append(m.text)
 
@@ -232,6 +238,7 @@ class Tab:
         return path
 
     def assert_clean(self) -> None:
+        assert [u for u in self.failed if "/font-roboto/" not in u] == []
         assert self.errors == []
         assert self.dialogs == []
         assert self.csp() == []

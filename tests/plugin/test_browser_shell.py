@@ -76,3 +76,51 @@ def test_a_corrupt_step_is_named_above_the_view(tab):
     assert tab.frame.locator("table.topk-kernels tbody tr").count() > 1
     tab.screenshot("corrupt_step_kernels")
     tab.assert_clean()
+
+
+PERFETTO_STUB = """<!doctype html><title>stub</title><script>
+window.got = null;
+window.addEventListener('message', e => {
+  if (e.data === 'PING') { e.source.postMessage('PONG', '*'); return; }
+  if (e.data && e.data.perfetto) {
+    const text = new TextDecoder().decode(e.data.perfetto.buffer);
+    document.title = 'got ' + JSON.parse(text).traceEvents.length;
+  }
+});
+</script>"""
+
+
+def test_open_in_perfetto_opens_a_new_tab_and_hands_it_the_window(tab):
+    tab.context.route(
+        "https://ui.perfetto.dev/**",
+        lambda route: route.fulfill(status=200, content_type="text/html", body=PERFETTO_STUB),
+    )
+    tab.open(run="gpt_1gpu", view="timeline", steps="4")
+    with tab.context.expect_page() as popup:
+        tab.frame.click("button.open-perfetto")
+    perfetto = popup.value
+    assert perfetto.url.startswith("https://ui.perfetto.dev/")
+    perfetto.wait_for_function("document.title.startsWith('got ')", timeout=30_000)
+    assert int(perfetto.title().split()[1]) > 1000
+    assert tab.page.url.startswith(tab.base_url)  # the TensorBoard page stays where it was
+    perfetto.close()
+    tab.assert_clean()
+
+
+def test_the_tab_works_under_a_path_prefix_with_the_multiplexer_loader(
+    browser, plugin_logdir, tmp_path
+):
+    from tests.plugin.conftest import SCREENSHOTS, Tab, start_tensorboard, stop_tensorboard
+
+    proc, url = start_tensorboard(
+        plugin_logdir, tmp_path / "tb.txt", "--load_fast=false", "--path_prefix=/pfx"
+    )
+    t = Tab(browser, url, SCREENSHOTS)
+    try:
+        assert url.endswith("/pfx")
+        t.open(run="ddp_gpt_2rank", view="kernels")
+        assert t.frame.locator("table.topk-kernels tbody tr").count() > 1
+        t.assert_clean()
+    finally:
+        t.close()
+        stop_tensorboard(proc)
