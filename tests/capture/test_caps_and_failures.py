@@ -8,9 +8,9 @@ import time
 import warnings
 
 import pytest
+
 from tessera import profile
 from tessera.profile import TesseraWarning
-
 from tessera_tb.trace import open_run
 from tessera_tb.trace.layout import worker_dir
 

@@ -6,8 +6,8 @@ import csv
 import json
 
 import pytest
-from tessera import profile
 
+from tessera import profile
 from tessera_tb.backend.topk import op_table
 from tessera_tb.trace import open_run
 

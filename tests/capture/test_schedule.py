@@ -6,6 +6,7 @@ import contextlib
 import itertools
 
 import pytest
+
 from tessera.profile import schedule as make_schedule
 from tessera.profile.scheduling import NONE, RECORD, RECORD_AND_SAVE, WARMUP
 

@@ -11,8 +11,8 @@ import textwrap
 import time
 
 import pytest
-from tessera import profile
 
+from tessera import profile
 from tessera_tb.trace import open_run
 
 from .conftest import ROOT

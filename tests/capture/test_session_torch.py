@@ -7,8 +7,8 @@ import os
 import threading
 
 import pytest
-from tessera import profile
 
+from tessera import profile
 from tessera_tb.trace import open_run
 from tessera_tb.trace.step import KIND
 

@@ -22,10 +22,11 @@ Field definitions:
 - collective_type, collective_bytes, collective_overlap_pct: from the collectives analysis
   (`backend.collectives.collective_kernels`: type from `Collective name`, bytes = max(In, Out
   msg nelems) x dtype size, overlap with compute kernels on other streams of the device);
-- power_w, temp_c, throttle_reason: the NVML sample of the kernel's device last taken at or
-  before the kernel's start, within its step (sample-and-hold; samples are every
-  `sample_interval_ms`); throttle_reason names the set bits of NVML's clock-event-reason
-  bitmask ("none" when no bit is set).
+- power_w, temp_c, throttle_reason: the NVML sample of the kernel's device nearest in time to
+  the kernel's start, among the samples of its step (samples are `sample_interval_ms` apart,
+  so the value is at most half an interval old or early; on a tie the earlier sample);
+  throttle_reason names the set bits of NVML's clock-event-reason bitmask ("none" when no
+  bit is set).
 """
 
 from __future__ import annotations
@@ -128,17 +129,19 @@ def _dims(v) -> list[int] | None:
 
 
 def _sample_at(step: StepData, device: int, name: str, t_ns: np.ndarray) -> np.ndarray | None:
-    """The counter's last sample at or before each time (NaN before the first); None if the
-    step has no such counter for the device."""
+    """The counter's sample nearest to each time (the earlier one on a tie); None if the step
+    has no such counter for the device."""
     series = [c for c in step.counters if c.name == name and c.device == device]
-    if not series:
+    if not series or np.asarray(series[0].ts_ns).size == 0:
         return None
     c = series[0]
     ts = np.asarray(c.ts_ns, dtype=np.int64)
     order = np.argsort(ts, kind="stable")
     ts, values = ts[order], np.asarray(c.values, dtype=np.float64)[order]
-    pos = np.searchsorted(ts, t_ns, side="right") - 1
-    return np.where(pos >= 0, values[np.maximum(pos, 0)], np.nan)
+    after = np.clip(np.searchsorted(ts, t_ns, side="left"), 0, ts.size - 1)
+    before = np.clip(after - 1, 0, ts.size - 1)
+    pick = np.where(np.abs(t_ns - ts[before]) <= np.abs(ts[after] - t_ns), before, after)
+    return values[pick]
 
 
 def _ncu_links(run: Run, worker: str):
@@ -300,9 +303,10 @@ def step_records(
         for f in ("power_w", "temp_c", "throttle_reason"):
             if rec[f] is None:
                 caps[f] = (
-                    "unavailable:no NVML sample of this device before the kernel in its step"
+                    "unavailable:NVML could not read this counter on the device"
                     if has_nvml.get(int(device[i]))
-                    else "unavailable:no NVML samples (activity 'power' off, or no driver)"
+                    else "unavailable:no NVML samples in the step (activity 'power' off, no "
+                    "driver, or a step shorter than the sampling interval)"
                 )
         rec["capabilities"] = caps
         out.append(rec)
