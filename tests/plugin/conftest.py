@@ -279,7 +279,10 @@ def canvas_has_ink(frame, selector: str) -> bool:
     )
 
 
-def demo_run_steps(run: str) -> list[int]:
-    from tessera_tb.trace.reader import open_run
-
-    return open_run(os.path.join(DEMO_RUNS, run)).steps
+def plot_data(frame, selector: str) -> list[dict]:
+    """type, name, x, y, z of each trace of the plotly chart at `selector`."""
+    return frame.evaluate(
+        "(sel) => document.querySelector(sel).data.map(t => ({type: t.type, name: t.name, "
+        "x: t.x, y: t.y, z: t.z}))",
+        selector,
+    )
