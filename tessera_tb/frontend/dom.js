@@ -76,20 +76,23 @@ export function column(table, name) {
   return j < 0 ? undefined : table.data[j];
 }
 
-const UNIT_SUFFIXES = [
-  ["_ns", (v) => fmtDuration(v)],
-  ["_ms", (v) => fmtNumber(v) + " ms"],
-  ["_us", (v) => fmtNumber(v) + " µs"],
-  ["_pct", (v) => fmtNumber(v) + " %"],
-  ["_bytes", (v) => fmtBytes(v)],
-];
+const UNIT_FORMATS = {
+  ns: (v) => fmtDuration(v),
+  ms: (v) => fmtNumber(v) + " ms",
+  us: (v) => fmtNumber(v) + " µs",
+  pct: (v) => fmtNumber(v) + " %",
+  bytes: (v) => fmtBytes(v),
+};
+// The unit is the first unit word of a column name: dur_ns, busy_pct, win_ms_per_step,
+// tensor_core_time_pct_est, size_bytes.
+const UNIT_IN_NAME = /(?:^|_)(ns|ms|us|pct|bytes)(?:_|$)/;
 
-/** Format a cell by its column's unit suffix (dur_ns -> "1.23 ms"). */
+/** Format a cell by the unit in its column's name (dur_ns -> "1.23 ms"). */
 export function fmtCell(name, value) {
   if (value === null || value === undefined) return "—";
   if (typeof value === "number") {
-    for (const [suffix, f] of UNIT_SUFFIXES) if (name.endsWith(suffix)) return f(value);
-    return fmtNumber(value);
+    const m = UNIT_IN_NAME.exec(name);
+    return m ? UNIT_FORMATS[m[1]](value) : fmtNumber(value);
   }
   if (typeof value === "boolean") return value ? "yes" : "no";
   return String(value);

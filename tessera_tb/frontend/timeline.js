@@ -4,7 +4,7 @@
 // selected workers (ranks) share one time axis; times are ns offsets from the run's origin
 // for the selected steps (the server sends the epoch origin as text).
 
-import { downloadLink, el, fmtDuration, getJSON, note, query } from "./dom.js";
+import { downloadLink, el, fmtDuration, fmtNumber, getJSON, note, query } from "./dom.js";
 
 const GUTTER_PX = 220;
 const RULER_PX = 26;
@@ -387,20 +387,25 @@ class TimelineView {
       g.strokeStyle = "#00897b";
       g.lineWidth = 1.2;
       g.beginPath();
-      let started = false;
+      // A sample holds until the next one (NVML samples every ~10 ms): a step line.
+      let prevY = null;
       c.t_ns.forEach((t, i) => {
         const v = c.value[i];
         if (v === null) return;
         const x = this.xOf(t);
         const y = r.y + r.h - 4 - ((v - lo) / span) * (r.h - 8);
-        if (started) g.lineTo(x, y);
-        else g.moveTo(x, y);
-        started = true;
+        if (prevY === null) g.moveTo(x, y);
+        else {
+          g.lineTo(x, prevY);
+          g.lineTo(x, y);
+        }
+        prevY = y;
       });
+      if (prevY !== null) g.lineTo(GUTTER_PX + this.plotWidth, prevY);
       g.stroke();
       g.fillStyle = "#00695c";
       g.font = "10px Roboto, sans-serif";
-      g.fillText(`${hi}${c.unit ? " " + c.unit : ""}`, GUTTER_PX + 4, r.y + 8);
+      g.fillText(`max ${fmtNumber(hi)}${c.unit ? " " + c.unit : ""}`, GUTTER_PX + 4, r.y + 8);
     }
   }
 
