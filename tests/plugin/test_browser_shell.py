@@ -124,3 +124,34 @@ def test_the_tab_works_under_a_path_prefix_with_the_multiplexer_loader(
     finally:
         t.close()
         stop_tensorboard(proc)
+
+
+def test_html_in_a_kernel_name_is_escaped_in_plotly_hover_text(tab):
+    tab.open(run=HOSTILE_RUN, view="roofline")
+    f = tab.frame
+    hover = f.evaluate(
+        "[].concat(...document.querySelector('.roofline-chart').data"
+        ".filter(t => t.customdata).map(t => t.customdata.map(c => c[0])))"
+    )
+    assert "&lt;img src=x onerror=alert(2)&gt;&lt;b&gt;kernel&lt;/b&gt;" in hover
+    # Hover the hostile point: plotly renders the escaped text, no element from the name.
+    point = f.evaluate(
+        """() => {
+          const gd = document.querySelector('.roofline-chart');
+          for (const [ti, t] of gd.data.entries()) {
+            if (!t.customdata) continue;
+            const i = t.customdata.findIndex(c => c[0].startsWith('&lt;img'));
+            if (i >= 0) return {curve: ti, point: i};
+          }
+        }"""
+    )
+    f.evaluate(
+        "(p) => Plotly.Fx.hover(document.querySelector('.roofline-chart'), "
+        "[{curveNumber: p.curve, pointNumber: p.point}])",
+        point,
+    )
+    f.wait_for_selector(".roofline-chart .hoverlayer .hovertext")
+    text = f.locator(".roofline-chart .hoverlayer .hovertext").text_content()
+    assert "<img src=x onerror=alert(2)><b>kernel</b>" in text
+    assert f.locator("img").count() == 0
+    tab.assert_clean()
