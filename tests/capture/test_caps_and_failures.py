@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import warnings
 
@@ -101,9 +100,10 @@ def test_a_write_failure_mid_run_stops_capture_and_the_loop_runs_on(tmp_path):
                     deadline = time.monotonic() + 20
                     while not sess.steps_written and time.monotonic() < deadline:
                         time.sleep(0.01)
-                    # The worker directory becomes a file: every later write fails.
+                    # The worker directory becomes a file: every later write fails. (Moved
+                    # away in one rename: the writer may be writing into it right now.)
                     directory = worker_dir(str(run_dir), "worker0")
-                    shutil.rmtree(directory)
+                    os.rename(directory, str(tmp_path / "moved_away"))
                     with open(directory, "w") as f:
                         f.write("in the way")
     assert done == 12

@@ -318,6 +318,8 @@ class _WriterHandle:
         self.capabilities: dict[str, Capability] = {}
         self.stats: dict = {}
         self.pid = os.getpid()
+        # Set once the NVML sampler has started or failed (its capability was reported).
+        self.nvml_settled = threading.Event()
         self._queue: queue.Queue = queue.Queue(maxsize=QUEUE_SIZE)
 
     def _on_report(self, msg: tuple) -> None:
@@ -333,8 +335,11 @@ class _WriterHandle:
             self.on_warning(msg[1], msg[2])
         elif kind == "capability":
             self.capabilities[msg[1]] = Capability(msg[1], msg[2], msg[3])
+            if msg[1] == "nvml":
+                self.nvml_settled.set()
         elif kind == "done":
             self.stats = msg[1]
+            self.nvml_settled.set()
 
     def _put(self, msg: tuple) -> None:
         try:
@@ -445,6 +450,7 @@ class ProcessWriter(_WriterHandle):
             self._done.set()
 
     def _lost(self) -> None:
+        self.nvml_settled.set()
         if not self._done.is_set() and self.stopped is None:
             self.on_warning(
                 "writer-lost",

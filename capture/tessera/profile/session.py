@@ -33,6 +33,9 @@ ACTIVITIES = ("cpu", "gpu", "memcpy", "collective", "memory", "power")
 _TORCH_ACTIVITIES = ("cpu", "gpu", "memcpy", "collective", "memory")
 DEFAULT_MAX_STEPS = 1000
 DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of step files per worker
+# How long the step before the first recorded step may wait for the NVML sampler to start
+# in the writer process (interpreter start and imports), so recorded steps have samples.
+NVML_START_TIMEOUT_S = 10.0
 
 
 def detect_rank() -> tuple[int, int, bool]:
@@ -122,6 +125,7 @@ class Session:
         self._windows_handed = 0
         self.handed_over_at: list[float] = []  # time.monotonic() of each window's hand-over
         self._torch_missing = ""
+        self._await_nvml = False
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -163,6 +167,9 @@ class Session:
             "tmpdir": self._tmpdir,
         }
         self.writer = self._start_writer(config)
+        self._await_nvml = config["nvml"] is not None
+        if self._await_nvml and self.schedule.is_active(0):
+            self._wait_for_nvml()
         host.set_current(self.recorder)
         self._running = True
         if want_torch:
@@ -185,6 +192,9 @@ class Session:
             self.writer.submit_host(recorder.take(ending, self._step_start_ns, now))
         self._active_seen += self._last_action in (sched.RECORD, sched.RECORD_AND_SAVE)
         self.step_num = ending + 1
+        if self._await_nvml and self.schedule.is_active(self.step_num):
+            self._wait_for_nvml()  # before the recorded step starts, not inside it
+            now = time.time_ns()
         self._step_start_ns = now
         windows = self._windows_handed
         source = self.torch_source
@@ -434,6 +444,15 @@ class Session:
         if self.writer is not None:
             self.writer.submit_capability(Capability("torch_profiler", "unavailable", reason))
             self.writer.submit_no_trace(reason)
+
+    def _wait_for_nvml(self) -> None:
+        self._await_nvml = False
+        if not self.writer.nvml_settled.wait(NVML_START_TIMEOUT_S):
+            self.box.add(
+                "nvml-slow",
+                f"tessera capture: the NVML sampler did not start within "
+                f"{NVML_START_TIMEOUT_S:g} s; the first recorded steps may have no NVML samples",
+            )
 
     def _on_capture_stopped(self, reason: str) -> None:
         self._stopped = True
