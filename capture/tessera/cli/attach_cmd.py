@@ -139,11 +139,12 @@ def counter_series(ts: list[int], rows: dict[int, list[list[float]]]):
     """CounterSeries per device and counter (NaN samples: not measured)."""
     import numpy as np
 
-    from tessera.profile.sources.nvml_source import COUNTERS
+    from tessera.profile.sources.nvml_source import counter_names
     from tessera_tb.trace.step import CounterSeries
 
-    names = [COUNTERS[c] for c in COUNTERS] + list(PROCESS_COUNTERS.items())
-    sources = ["nvml"] * len(COUNTERS) + ["nvml_process"] * len(PROCESS_COUNTERS)
+    device_counters = list(counter_names().values())
+    names = device_counters + list(PROCESS_COUNTERS.items())
+    sources = ["nvml"] * len(device_counters) + ["nvml_process"] * len(PROCESS_COUNTERS)
     t = np.array(ts, dtype=np.int64)
     out = []
     for d, table in rows.items():

@@ -495,20 +495,30 @@ def _child_env() -> dict[str, str]:
     return env
 
 
-def make_assembler(config: dict, report: Report) -> StepAssembler:
-    """Build the assembler (and its NVML sampler) from the session's config."""
-    meta = pb.WorkerMeta.FromString(config["meta"])
-    nvml = None
-    if config.get("nvml") is not None:
-        from tessera.profile.sources.nvml_source import NvmlSampler
+def start_nvml(config: dict, report: Report):
+    """Start the NVML sampler the config asks for (None if it asks for none) and report its
+    capability at once: the session waits for it before the first recorded step."""
+    if config.get("nvml") is None:
+        return None
+    from tessera.profile.sources.nvml_source import NvmlSampler
 
-        nv = config["nvml"]
-        nvml = NvmlSampler(
-            nv["interval_ms"],
-            nv["devices"],
-            on_error=lambda msg: report(("warn", "nvml-error", f"tessera capture: {msg}")),
-        )
-        nvml.start()
+    nv = config["nvml"]
+    sampler = NvmlSampler(
+        nv["interval_ms"],
+        nv["devices"],
+        on_error=lambda msg: report(("warn", "nvml-error", f"tessera capture: {msg}")),
+    )
+    sampler.start()
+    cap = sampler.capability
+    report(("capability", cap.name, cap.status, cap.reason))
+    return sampler
+
+
+def make_assembler(config: dict, report: Report, nvml=None) -> StepAssembler:
+    """Build the assembler from the session's config (with `nvml`, or a sampler it starts)."""
+    meta = pb.WorkerMeta.FromString(config["meta"])
+    if nvml is None:
+        nvml = start_nvml(config, report)
     return StepAssembler(
         config["run_dir"],
         meta,

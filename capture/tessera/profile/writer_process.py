@@ -37,9 +37,23 @@ def main(argv: list[str]) -> int:
     except (EOFError, OSError):
         return 0
     config = first[1]
+    nvml = None
+    if config.get("nvml") is not None:
+        # The sampler first, before the heavy imports below: recorded steps need its samples.
+        from tessera.profile.sources.nvml_source import NvmlSampler
+
+        nv = config["nvml"]
+        nvml = NvmlSampler(
+            nv["interval_ms"],
+            nv["devices"],
+            on_error=lambda msg: report(("warn", "nvml-error", f"tessera capture: {msg}")),
+        )
+        nvml.start()
+        cap = nvml.capability
+        report(("capability", cap.name, cap.status, cap.reason))
     from tessera.profile.background import assembler_stats, make_assembler
 
-    assembler = make_assembler(config, report)
+    assembler = make_assembler(config, report, nvml=nvml)
     assembler.open()
     orphaned = True
     try:

@@ -15,15 +15,31 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-import numpy as np
+# What each sample reads, under the column names of the NVML sample CSV; the counter names
+# and units come from the CSV importer's table (`nvml_csv.NVML_COLUMNS`) when samples are
+# turned into counter tracks. This module imports nothing heavy, so that the sampler starts
+# within moments of the writer process.
+_COLUMNS = [
+    "power_w", "temp_c", "sm_mhz", "mem_mhz", "gpu_util", "mem_util", "throttle", "mem_used",
+]  # fmt: skip
 
-from tessera_tb.importers.nvml_csv import NVML_COLUMNS, NvmlSamples
-from tessera_tb.trace.step import Capability
 
-# CSV column -> (counter name, unit): the importer's table, reused.
-COUNTERS = dict(NVML_COLUMNS)
-_COLUMNS = list(COUNTERS)
+@dataclass
+class Capability:
+    """The sampler's capability (same fields as `tessera_tb.trace.step.Capability`)."""
+
+    name: str
+    status: str
+    reason: str = ""
+
+
+def counter_names() -> dict[str, tuple[str, str]]:
+    """CSV column -> (counter name, unit), the importer's table."""
+    from tessera_tb.importers.nvml_csv import NVML_COLUMNS
+
+    return {c: NVML_COLUMNS[c] for c in _COLUMNS}
 
 
 def nvml_reason(exc: BaseException) -> str:
@@ -159,14 +175,19 @@ class NvmlSampler:
                 pass
             self._nv = None
 
-    def samples_for(self, device: int) -> NvmlSamples | None:
-        """The samples of one device so far, in the form the CSV importer uses."""
+    def samples_for(self, device: int):
+        """The samples of one device so far, as the CSV importer's `NvmlSamples`."""
+        import numpy as np
+
+        from tessera_tb.importers.nvml_csv import NvmlSamples
+
         with self._lock:
             if device not in self._rows or not self._ts:
                 return None
             ts = np.array(self._ts, dtype=np.int64)
             table = np.array(self._rows[device], dtype=np.float64).reshape(len(ts), len(_COLUMNS))
-        series = {COUNTERS[c][0]: (COUNTERS[c][1], table[:, i]) for i, c in enumerate(_COLUMNS)}
+        names = counter_names()
+        series = {names[c][0]: (names[c][1], table[:, i]) for i, c in enumerate(_COLUMNS)}
         return NvmlSamples(path="<nvml sampler>", ts_ns=ts, series=series)
 
     @property
@@ -175,10 +196,12 @@ class NvmlSampler:
 
     def forget_before(self, t_ns: int) -> None:
         """Drop samples older than `t_ns` (already written), so memory stays bounded."""
+        import bisect
+
         with self._lock:
             if not self._ts or self._ts[0] >= t_ns:
                 return
-            cut = int(np.searchsorted(np.array(self._ts, dtype=np.int64), t_ns))
+            cut = bisect.bisect_left(self._ts, t_ns)
             del self._ts[:cut]
             for rows in self._rows.values():
                 del rows[:cut]
