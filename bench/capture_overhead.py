@@ -13,7 +13,8 @@ so that drift (CPU clocks, allocator warm-up) is shared:
 Printed: one table with the median, mean and p90 step time per mode and the overhead of the
 median against `torch`; then the hand-over stall: the steps in which a window ends (torch
 stops its trace and, for the handlers, the window is written out) against the other steps of
-the same mode, and the background writer's busy time per window.
+the same mode; the time spent in the session's hand-over callback; the background writer's
+busy time per window; and how long after its hand-over a window's step files were written.
 
     /work/venv/bin/python bench/capture_overhead.py              # CPU, ~1-2 min on 2 cores
     /work/venv/bin/python bench/capture_overhead.py --device cuda
@@ -153,7 +154,12 @@ def run_mode(mode: str, body, steps: int, device: str, sched_args: dict, outdir:
             sess.step()
             times.append(time.perf_counter() - t0)
     window_steps = {s for s, _, handed in sess.step_call_ns if handed}
+    # Seconds from a window's hand-over to its last step file being reported written.
+    written = sess.writer.step_written_at
+    ends = sorted(window_steps)
+    latency = [written[s] - t for s, t in zip(ends, sess.handed_over_at) if s in written]
     extra = {
+        "latency_s": latency,
         "handover_ms": [ns / 1e6 for ns in sess.torch_source.handover_ns]
         if sess.torch_source
         else [],
@@ -241,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"background writer (child process): {busy / windows:.1f} ms busy per window "
             f"({windows} windows, {written} steps written)"
+        )
+    latency = [x for e in extras["session"] for x in e["latency_s"]]
+    if latency:
+        print(
+            f"window hand-over -> its last step file written: median "
+            f"{statistics.median(latency):.3f} s, max {max(latency):.3f} s"
         )
     return 0
 

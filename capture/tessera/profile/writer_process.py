@@ -21,10 +21,25 @@ from multiprocessing.connection import Connection
 NICE_INCREMENT = 10
 
 
-def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+def lower_priority() -> None:
+    """Run only when a CPU would otherwise idle (SCHED_IDLE), else at nice +10.
+
+    A CPU-bound training loop that uses every core (intra-op threads) slows down sharply
+    when another process takes a core from one of its threads; SCHED_IDLE gives the writer
+    only time that no one else wants (bench/capture_overhead.py measures it).
+    """
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
     with contextlib.suppress(OSError, AttributeError):
         os.nice(NICE_INCREMENT)
+
+
+def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    lower_priority()
     conn_in = Connection(int(argv[0]), writable=False)
     conn_out = Connection(int(argv[1]), readable=False)
 
