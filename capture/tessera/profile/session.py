@@ -16,6 +16,7 @@ a write failure stops the capture, each with one `TesseraWarning`.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import shutil
@@ -172,6 +173,7 @@ class Session:
             self._wait_for_nvml()
         host.set_current(self.recorder)
         self._running = True
+        atexit.register(self.stop)  # a session never stopped is still flushed at exit
         if want_torch:
             self._start_torch(torch)
         if self.torch_source is None:
@@ -222,6 +224,7 @@ class Session:
             self.box.emit(stacklevel=3)
             return
         self._running = False
+        atexit.unregister(self.stop)
         now = time.time_ns()
         if self.recorder.recording:
             self.writer.submit_host(self.recorder.take(self.step_num, self._step_start_ns, now))

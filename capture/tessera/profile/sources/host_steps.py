@@ -30,13 +30,14 @@ def user_counters(batch: HostBatch) -> list[CounterSeries]:
         return []
     ts = np.array([c[0] for c in batch.counters], dtype=np.int64)
     values = np.array([c[2] for c in batch.counters], dtype=np.float64)
-    keys = [(c[1], c[3]) for c in batch.counters]
-    out = []
-    for key in dict.fromkeys(keys):
-        sel = np.array([k == key for k in keys])
-        order = np.argsort(ts[sel], kind="stable")
-        out.append(CounterSeries(key[0], key[1], "user", -1, ts[sel][order], values[sel][order]))
-    return out
+    key_ids: dict[tuple[str, str], int] = {}
+    series = np.array([key_ids.setdefault((c[1], c[3]), len(key_ids)) for c in batch.counters])
+    order = np.lexsort((ts, series))  # by series, then time
+    bounds = np.searchsorted(series[order], np.arange(len(key_ids) + 1))
+    return [
+        CounterSeries(name, unit, "user", -1, ts[order[lo:hi]], values[order[lo:hi]])
+        for (name, unit), lo, hi in zip(key_ids, bounds[:-1], bounds[1:])
+    ]
 
 
 def _batch_rows(batch: HostBatch, intern, track_of_tid: dict[int, int]) -> dict[str, np.ndarray]:
