@@ -17,6 +17,7 @@ a write failure stops the capture, each with one `TesseraWarning`.
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import os
 import shutil
@@ -37,6 +38,7 @@ DEFAULT_MAX_BYTES = 1 << 30  # 1 GiB of step files per worker
 # How long the step before the first recorded step may wait for the NVML sampler to start
 # in the writer process (interpreter start and imports), so recorded steps have samples.
 NVML_START_TIMEOUT_S = 10.0
+STEP_CALLS_KEPT = 100_000
 
 
 def detect_rank() -> tuple[int, int, bool]:
@@ -113,9 +115,10 @@ class Session:
         self.torch_source = None
         self.writer_mode = writer
         self.capabilities: list = []  # tessera_tb.trace.step.Capability
-        self.step_call_ns: list[
-            tuple[int, int, bool]
-        ] = []  # (step ended, ns in step(), handed over)
+        # (step ended, ns spent in step(), window handed over), for the last STEP_CALLS_KEPT steps.
+        self.step_call_ns: collections.deque[tuple[int, int, bool]] = collections.deque(
+            maxlen=STEP_CALLS_KEPT
+        )
         self._running = False
         self._stopped = False
         self._tmpdir: str | None = None
