@@ -68,6 +68,7 @@ class TesseraPlugin(base_plugin.TBPlugin):
             "/stalls": self._view_app("stalls"),
             "/collectives": self._view_app("collectives"),
             "/memory": self._view_app("memory"),
+            "/compare": self._serve_compare,
             "/trace": self._serve_trace,
             "/csv": self._serve_csv,
         }
@@ -132,6 +133,11 @@ class TesseraPlugin(base_plugin.TBPlugin):
             return http_util.Respond(request, body, _JSON)
 
         return serve
+
+    @wrappers.Request.application
+    def _serve_compare(self, request):
+        body = plugin_data.compare_json(self._index, request.args)
+        return http_util.Respond(request, body, _JSON)
 
     @wrappers.Request.application
     def _serve_trace(self, request):

@@ -210,10 +210,14 @@ def runs_listing(index: RunIndex) -> dict:
 
     A run, worker or step that cannot be read carries an `error` and the rest is listed as
     usual. Steps carry their span (`start_ns`, `end_ns`, epoch ns), `dur_ms` and
-    `event_count` from the worker's step index.
+    `event_count` from the worker's step index. `logdir_error` says why a logdir URL could not
+    be listed (null when it could, and for a local logdir).
     """
     entries = index.entries()
-    return {"runs": [_run_listing(index, entries[name]) for name in sorted(entries)]}
+    return {
+        "runs": [_run_listing(index, entries[name]) for name in sorted(entries)],
+        "logdir_error": index.logdir_error,
+    }
 
 
 def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
@@ -433,16 +437,35 @@ def view_json(index: RunIndex, name: str, args) -> bytes:
     entry, sel = _selection(index, spec, args)
     key = (name, entry.name, entry.signature, sel)
 
-    def compute() -> bytes:
-        payload = view_payload(index, name, args)
-        whole = set(payload.pop("whole_tables", ()))
-        payload["tables"] = {
-            k: table_payload(df, None if k in whole else MAX_TABLE_ROWS)
-            for k, df in payload.get("tables", {}).items()
-        }
-        return encode_json(payload)
+    return index.cached_result(key, lambda: _encoded(view_payload(index, name, args)))
 
-    return index.cached_result(key, compute)
+
+def _encoded(payload: dict) -> bytes:
+    """A view payload's JSON: each table column-wise, at most MAX_TABLE_ROWS rows except the
+    tables named in `whole_tables`."""
+    whole = set(payload.pop("whole_tables", ()))
+    payload["tables"] = {
+        k: table_payload(df, None if k in whole else MAX_TABLE_ROWS)
+        for k, df in payload.get("tables", {}).items()
+    }
+    return encode_json(payload)
+
+
+def standalone_view(run: Run, name: str, args: dict[str, str] | None = None) -> dict:
+    """A view's answer for a run opened outside the plugin (the offline HTML report): the same
+    data function, selection parsing and table encoding as the route, as JSON-ready Python.
+    `args` holds the route's query parameters (workers, steps and the view's own)."""
+    spec = VIEWS.get(name)
+    if spec is None:
+        raise errors.NotFoundError(f"no view {name!r}")
+    args = args or {}
+    workers = parse_workers(run, args.get("workers"))
+    steps = parse_steps(run, workers, args.get("steps"))
+    params = tuple((k, str(args.get(k, ""))) for k in spec.params)
+    payload = spec.compute(run, Selection(tuple(workers), tuple(steps), params))
+    payload["errors"] = []
+    payload["selection"] = {"workers": workers, "steps": steps}
+    return json.loads(_encoded(payload))
 
 
 def _compute(fn: Callable[[], pd.DataFrame | dict]):
@@ -504,7 +527,7 @@ def table_csv(index: RunIndex, args) -> tuple[bytes, str]:
     view's. Text cells that a spreadsheet would run as a formula get a leading quote."""
     name = args.get("view", "")
     table = args.get("table", "")
-    payload = view_payload(index, name, args)
+    payload = compare_payload(index, args) if name == "compare" else view_payload(index, name, args)
     tables = payload.get("tables", {})
     if table not in tables:
         raise errors.NotFoundError(
@@ -879,3 +902,74 @@ def stalls_view(run: Run, sel: Selection) -> dict:
         "category_reasons": {c: list(r) for c, r in stalls.CATEGORIES.items()},
         "tables": tables,
     }
+
+
+# Compare (backend/compare.py) ---------------------------------------------------------------------
+
+
+def _compare_side(index: RunIndex, args, run_key: str, prefix: str):
+    """(entry, workers, steps) of one side of a comparison: `<prefix>workers` and
+    `<prefix>steps` select them; steps default to the run's default range (`default_steps`)."""
+    entry = resolve_run(index, args.get(run_key))
+    run = entry.run
+    workers = parse_workers(run, args.get(prefix + "workers"))
+    first = next((w for w in workers if run.worker(w).steps), None)
+    if first is None:
+        raise errors.NotFoundError(f"run {entry.name!r} has no steps in this selection")
+    spec = args.get(prefix + "steps") or default_steps(run, first)
+    return entry, workers, parse_steps(run, workers, spec)
+
+
+def compare_payload(index: RunIndex, args) -> dict:
+    """Run B (`run`, selected by `workers`/`steps`) against the baseline A (`baseline`,
+    selected by `baseline_workers`/`baseline_steps`): every table of
+    `compare.compare_runs` (DataFrames), `slowdown_pct` (B's median step vs A's), and the
+    step files of either side that could not be read (left out)."""
+    from tessera_tb.backend import compare
+
+    if not args.get("baseline"):
+        raise errors.InvalidArgumentError("missing parameter: baseline")
+    sides, errs = [], []
+    for role, key, prefix in (("A", "baseline", "baseline_"), ("B", "run", "")):
+        entry, workers, steps = _compare_side(index, args, key, prefix)
+        run, bad = index.usable_run(entry, workers, steps)
+        errs += [
+            {"side": role, "run": entry.name, "worker": w, "step": s, "error": e}
+            for (w, s), e in sorted(bad.items())
+        ]
+        readable = {s for w in workers for s in run.worker(w).steps}
+        kept = [s for s in steps if s in readable]
+        if not kept:
+            raise errors.NotFoundError(f"run {entry.name!r}: no readable step in the selection")
+        sides.append(compare.Side(run, workers, kept, label=entry.name))
+    try:
+        result = compare.compare_runs(sides[0], sides[1])
+    except TraceFormatError as exc:
+        raise errors.NotFoundError(f"compare cannot be shown: {exc.problem}") from None
+    return {
+        "baseline": sides[0].label,
+        "run": sides[1].label,
+        "slowdown_pct": result.slowdown_pct,
+        "selection": {
+            "baseline": {"workers": sides[0].workers, "steps": sides[0].steps},
+            "run": {"workers": sides[1].workers, "steps": sides[1].steps},
+        },
+        "errors": errs,
+        "tables": result.tables(),
+    }
+
+
+def compare_json(index: RunIndex, args) -> bytes:
+    """`compare_payload` encoded as JSON, cached per both runs' signatures and parameters."""
+    keys = ("run", "workers", "steps", "baseline", "baseline_workers", "baseline_steps")
+    a = resolve_run(index, args.get("baseline")) if args.get("baseline") else None
+    b = resolve_run(index, args.get("run"))
+    key = (
+        "compare",
+        a.name if a else None,
+        a.signature if a else None,
+        b.name,
+        b.signature,
+        tuple(args.get(k, "") for k in keys),
+    )
+    return index.cached_result(key, lambda: _encoded(compare_payload(index, args)))

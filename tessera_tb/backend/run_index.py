@@ -6,6 +6,13 @@ TensorBoard's data provider does not list raw plugin files. A background thread 
 that a request touches is also revalidated by a stat of its workers' `meta.pb` files at most
 once a second, so a step written a moment ago shows up without waiting for the thread.
 
+Bundles (`*.tessera.zip`) in the logdir are runs too, read in place (`trace/bundle.py`); one
+that fails its checks is listed with an error naming it. A logdir URL (`s3://bucket/runs`) is
+walked and read through fsspec (`trace/remote.py`): one delimiter listing per directory level
+and a HEAD of each worker's meta.pb, both cached for a few seconds, and meta.pb is re-read
+only when its ETag changes. When the storage cannot be reached the index keeps what it had and
+`logdir_error` says why.
+
 Errors stay where they happen: a run whose every worker is unreadable is listed with its error,
 a corrupt `meta.pb` hides only that worker, and a corrupt step file hides only that step of that
 worker (`RunIndex.usable_run`).
@@ -25,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from tessera_tb.proto import trace_pb2 as pb
-from tessera_tb.trace import layout
+from tessera_tb.trace import layout, remote
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.reader import Run, WorkerInfo, read_meta, read_step_file
 from tessera_tb.trace.step import StepData
@@ -33,9 +40,12 @@ from tessera_tb.trace.step import StepData
 logger = logging.getLogger(__name__)
 
 # Per worker: (worker, mtime_ns, size) of its meta.pb, which changes whenever a step is added,
-# then of its kernel counters file (0, 0 when absent), which `import-ncu` adds later.
-Signature = tuple[tuple[str, int, int, int, int], ...]
+# then of its kernel counters file (0, 0 when absent), which `import-ncu` adds later. In a
+# bundle or under a URL the version is the member's CRC or the object's ETag instead of mtime.
+Signature = tuple[tuple[str, object, int, object, int], ...]
 COUNTERS_FILE = "kernel_counters.pb"
+# A logdir URL is rescanned at most this often (listings cost requests and money).
+REMOTE_REFRESH_S = 15.0
 
 
 @dataclass
@@ -120,6 +130,11 @@ def step_nbytes(step: StepData) -> int:
 
 
 def _meta_signature(run_dir: str) -> Signature:
+    """The run's signature (see `Signature`). Raises TraceFormatError for a bundle that fails
+    its checks and for storage that cannot be read."""
+    files = layout.run_files(run_dir)
+    if files is not layout.LOCAL_FILES:
+        return _files_signature(files, run_dir)
     pdir = layout.plugin_dir(run_dir)
     sig = []
     try:
@@ -142,6 +157,40 @@ def _meta_signature(run_dir: str) -> Signature:
     return tuple(sig)
 
 
+def _files_signature(files: layout.RunFiles, run_dir: str) -> Signature:
+    """`_meta_signature` of a run in a bundle or under a URL, through its `RunFiles`."""
+    pdir = layout.plugin_dir(run_dir)
+    if not files.isdir(pdir):
+        return ()
+    sig = []
+    for name in sorted(files.listdir(pdir)):
+        if name.startswith("."):
+            continue
+        meta = files.signature(os.path.join(pdir, name, layout.META_FILE))
+        if meta is None:
+            continue
+        counters = files.signature(os.path.join(pdir, name, COUNTERS_FILE)) or (0, 0)
+        sig.append((name, *meta, *counters))
+    return tuple(sig)
+
+
+def _file_key(path: str) -> tuple:
+    """(path, version, size) of a step file, the key of its cached load; FileNotFoundError
+    when it is gone."""
+    files = layout.run_files(path)
+    if files is layout.LOCAL_FILES:
+        st = os.stat(path)
+        return (path, st.st_mtime_ns, st.st_size)
+    sig = files.signature(path)
+    if sig is None:
+        raise FileNotFoundError(2, "no such file", path)
+    return (path, *sig)
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
 class RunIndex:
     """Discovered runs of one logdir, plus LRU caches of step files and route results."""
 
@@ -152,8 +201,15 @@ class RunIndex:
         step_cache_bytes: int = 1 << 30,
         result_cache_bytes: int = 256 << 20,
     ):
-        self.logdir = os.path.abspath(os.path.expanduser(logdir)) if logdir else ""
+        self.remote = bool(logdir) and layout.is_url(logdir)
+        if self.remote:
+            self.logdir = logdir.rstrip("/")
+            refresh_s = max(refresh_s, REMOTE_REFRESH_S)
+        else:
+            self.logdir = os.path.abspath(os.path.expanduser(logdir)) if logdir else ""
         self.refresh_s = refresh_s
+        # Why the last scan of the logdir failed (storage unreachable, access denied), or None.
+        self.logdir_error: str | None = None
         self._entries: dict[str, RunEntry] = {}
         self._lock = threading.Lock()
         self._scanned = threading.Event()
@@ -185,10 +241,22 @@ class RunIndex:
             time.sleep(self.refresh_s)
 
     def refresh(self) -> None:
-        """Rescan the logdir: new runs appear, deleted ones go, changed ones are reopened."""
-        found = layout.find_runs(self.logdir) if self.logdir else {}
+        """Rescan the logdir: new runs appear, deleted ones go, changed ones are reopened.
+
+        When a logdir URL cannot be read, the runs found before stay as they were and
+        `logdir_error` says why."""
         with self._lock:
             old = dict(self._entries)
+        if self.remote:
+            try:
+                found = remote.find_runs(self.logdir)
+            except TraceFormatError as exc:
+                self.logdir_error = str(exc)
+                self._scanned.set()
+                return
+            self.logdir_error = None
+        else:
+            found = layout.find_runs(self.logdir, bundles=True) if self.logdir else {}
         entries = {}
         for name, path in found.items():
             entries[name] = self._revalidated(old.get(name), name, path)
@@ -197,7 +265,12 @@ class RunIndex:
         self._scanned.set()
 
     def _revalidated(self, entry: RunEntry | None, name: str, path: str) -> RunEntry:
-        sig = _meta_signature(path)
+        try:
+            sig = _meta_signature(path)
+        except TraceFormatError as exc:  # a bundle that fails its checks, unreadable storage
+            where = path if self.remote else os.path.basename(path)
+            problem = f"{where}: {exc.problem}"
+            return RunEntry(name, path, (("", problem, 0, 0, 0),), None, problem, {}, _now())
         if entry is not None and entry.signature == sig and entry.path == path:
             entry.checked_at = time.monotonic()
             return entry
@@ -257,9 +330,8 @@ class RunIndex:
     # Steps -------------------------------------------------------------------------------
 
     def load_step_file(self, path: str) -> StepData:
-        """A step file through the LRU cache (keyed by path, mtime and size)."""
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size)
+        """A step file through the LRU cache (keyed by path, version and size)."""
+        key = _file_key(path)
         step = self._steps.get(key)
         if step is None:
             try:
@@ -279,8 +351,7 @@ class RunIndex:
         Its size is counted as three times the step's, a bound for the per-row arrays the
         derived objects hold.
         """
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size, what)
+        key = (*_file_key(path), what)
         value = self._steps.get(key)
         if value is None:
             step = self.load_step_file(path)

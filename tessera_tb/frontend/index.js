@@ -9,7 +9,7 @@ import { VIEWS } from "./static/views.js";
 const STATE_PREFIX = "t.";
 const STATE_KEYS = [
   "run", "workers", "steps", "view", "step", "k", "sort", "q", "table", "metric",
-  "t0", "t1", "items", "level",
+  "t0", "t1", "items", "level", "baseline",
 ];
 const VIEW_LABELS = [
   ["overview", "Overview"],
@@ -20,6 +20,7 @@ const VIEW_LABELS = [
   ["roofline", "Roofline"],
   ["stalls", "Stalls"],
   ["collectives", "Collectives"],
+  ["compare", "Compare"],
 ];
 const LISTING_POLL_MS = 30000;
 
@@ -123,6 +124,11 @@ class App {
     }
   }
 
+  showLogdirError() {
+    const problem = this.listing.logdir_error;
+    this.logdirBox.replaceChildren(problem ? note("error", `Log directory: ${problem}`) : "");
+  }
+
   normalizeState() {
     const runs = this.listing.runs.filter((r) => !r.error);
     if (!this.run || this.run.error) this.state.run = runs.length ? runs[0].name : undefined;
@@ -180,6 +186,7 @@ class App {
       ),
     );
     this.headerBox = el("div", { className: "run-header" });
+    this.logdirBox = el("div", { className: "logdir-error" });
     this.errorBox = el("div", { className: "errors" });
     this.viewBox = el("div", { className: "view" });
     this.root.replaceChildren(
@@ -190,6 +197,7 @@ class App {
         el("label", {}, "Workers ", this.workerSelect, " ", this.rankInput),
         el("label", {}, "Steps ", this.stepFrom, " – ", this.stepTo),
       ),
+      this.logdirBox,
       this.headerBox,
       this.tabs,
       this.errorBox,
@@ -199,6 +207,7 @@ class App {
   }
 
   fillSelectors() {
+    this.showLogdirError();
     this.runSelect.replaceChildren(
       ...this.listing.runs.map((r) =>
         el("option", {

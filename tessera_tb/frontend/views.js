@@ -618,6 +618,98 @@ async function stallsView(box, ctx) {
   if (groups.length) await showReasons(groups[0]);
 }
 
+// Compare (backend/compare.py) ----------------------------------------------------------------
+
+const DELTA_COLUMNS = {
+  op_deltas: ["name", "status", "a_device_self_ns", "b_device_self_ns", "delta_device_self_ns", "a_host_self_ns", "b_host_self_ns", "delta_host_self_ns", "a_calls", "b_calls"],
+  kernel_deltas: ["kernel", "op", "kind", "status", "a_total_dur_ns", "b_total_dur_ns", "delta_total_dur_ns", "a_calls", "b_calls"],
+  kernel_changes: ["status", "kernel", "op", "kind", "a_total_dur_ns", "b_total_dur_ns", "a_calls", "b_calls", "a_name", "b_name"],
+  collective_deltas: ["collective_type", "size_bucket", "status", "a_busbw_median_gbps", "b_busbw_median_gbps", "delta_busbw_median_gbps", "delta_busbw_pct", "a_n_instances", "b_n_instances"],
+};
+const DELTA_LABELS = {
+  a_device_self_ns: "A device self", b_device_self_ns: "B device self", delta_device_self_ns: "Δ device self",
+  a_host_self_ns: "A host self", b_host_self_ns: "B host self", delta_host_self_ns: "Δ host self",
+  a_total_dur_ns: "A time", b_total_dur_ns: "B time", delta_total_dur_ns: "Δ time",
+  a_calls: "A calls", b_calls: "B calls", a_name: "A full name", b_name: "B full name",
+  a_busbw_median_gbps: "A busbw (GB/s)", b_busbw_median_gbps: "B busbw (GB/s)",
+  delta_busbw_median_gbps: "Δ busbw (GB/s)", delta_busbw_pct: "Δ busbw %",
+  a_n_instances: "A instances", b_n_instances: "B instances",
+};
+const MAX_DELTA_ROWS = 50;
+
+async function compareView(box, ctx) {
+  const runs = (ctx.app ? ctx.app.listing.runs : []).filter((r) => !r.error).map((r) => r.name);
+  const baseline = ctx.state.baseline || runs.find((r) => r !== ctx.state.run);
+  const controls = el(
+    "div",
+    { className: "view-controls" },
+    el("label", {}, "Baseline (A) ", stateSelect(ctx, "baseline", runs.map((r) => [r, r]), baseline, "baseline-select")),
+    el("span", { className: "compare-run", text: ` against the run (B) ${ctx.state.run}` }),
+  );
+  if (!baseline) {
+    box.replaceChildren(controls, note("info", "Choose a baseline run to compare against."));
+    return;
+  }
+  const data = await ctx.fetch("compare", { baseline });
+  for (const e of data.errors) ctx.showErrors([{ worker: `${e.side} ${e.run} ${e.worker}`, step: e.step, error: e.error }]);
+  const t = data.tables;
+  const medians = rowsOf(t.step_medians);
+  const step = medians.find((r) => r.figure === "step_time_ms");
+  const slower = data.slowdown_pct > 0;
+  const sign = (v) => (v > 0 ? "+" : "");
+  const cards = el(
+    "div",
+    { className: "cards" },
+    card(`A: ${data.baseline}`, fmtCell("step_time_ms", step.a), "median step time", "card-a"),
+    card(`B: ${data.run}`, fmtCell("step_time_ms", step.b), "median step time", "card-b"),
+    card(
+      slower ? "B is slower" : "B is faster",
+      `${sign(step.delta)}${fmtCell("x_ms", step.delta)} (${sign(data.slowdown_pct)}${fmtCell("x_pct", data.slowdown_pct)})`,
+      "medians over each run's (worker, step) pairs",
+      `card-delta ${slower ? "slower" : "faster"}`,
+    ),
+  );
+  const chart = el("div", { className: "chart compare-chart" });
+  const section = (title, key) =>
+    el(
+      "div",
+      { className: `compare-section ${key}` },
+      el("h3", { text: `${title} (${t[key].total_rows})` }),
+      t[key].total_rows
+        ? dataTable(t[key], { columns: DELTA_COLUMNS[key], labels: DELTA_LABELS, maxRows: MAX_DELTA_ROWS })
+        : note("info", "none"),
+      downloadLink("CSV", "csv", { ...ctx.selection, baseline, view: "compare", table: key }),
+    );
+  box.replaceChildren(
+    controls,
+    cards,
+    dataTable(t.runs, { caption: "Compared selections" }),
+    el("h3", { text: "Per-step medians" }),
+    chart,
+    dataTable(t.step_medians),
+    section("New and vanished kernels", "kernel_changes"),
+    section("Kernels by change in time per worker-step", "kernel_deltas"),
+    section("Operators by change in self time per worker-step", "op_deltas"),
+    section("Collectives: bus bandwidth by type and size", "collective_deltas"),
+  );
+  box.querySelector("table.data").classList.add("compare-runs");
+  const ms = medians.filter((r) => r.figure.endsWith("_ms"));
+  const traces = [["a", data.baseline, "#90a4ae"], ["b", data.run, "#1e88e5"]].map(([k, name, color]) => ({
+    type: "bar",
+    name: `${k.toUpperCase()}: ${escapeHtml(name)}`,
+    x: ms.map((r) => r.figure.replace(/_ms$/, "")),
+    y: ms.map((r) => r[k]),
+    marker: { color },
+    hovertemplate: `%{x}: %{y:.3f} ms<extra>${k.toUpperCase()}</extra>`,
+  }));
+  await newPlot(ctx, chart, traces, {
+    barmode: "group",
+    height: 320,
+    yaxis: { title: { text: "ms per step (median)" } },
+    legend: { orientation: "h", y: 1.15 },
+  });
+}
+
 export const VIEWS = {
   overview: overviewView,
   timeline: renderTimeline,
@@ -627,6 +719,7 @@ export const VIEWS = {
   roofline: rooflineView,
   stalls: stallsView,
   collectives: collectivesView,
+  compare: compareView,
 };
 
 export { column, escapeHtml, fmtCell, newPlot, rowsOf, stateInput, stateSelect };

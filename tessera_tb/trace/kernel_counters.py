@@ -175,11 +175,11 @@ def write_kernel_counters(run_dir: str, profile: CounterProfile) -> str:
 
 
 def read_kernel_counters(path: str) -> CounterProfile:
-    """Read a kernel_counters.pb; every problem is a TraceFormatError naming the file."""
+    """Read a kernel_counters.pb (in a run directory, a bundle or under a URL: see
+    `layout.run_files`); every problem is a TraceFormatError naming the file."""
     msg = pb.KernelCounters()
     try:
-        with open(path, "rb") as f:
-            msg.ParseFromString(f.read())
+        msg.ParseFromString(layout.run_files(path).read_bytes(path))
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
     except DecodeError as exc:
@@ -254,6 +254,6 @@ def _profile_from_proto(msg: pb.KernelCounters, path: str) -> CounterProfile:
 def load_kernel_counters(run_dir: str, worker: str) -> CounterProfile | None:
     """The worker's kernel counters, or None when the run has none for it."""
     path = counters_path(run_dir, worker)
-    if not os.path.isfile(path):
+    if not layout.run_files(path).isfile(path):
         return None
     return read_kernel_counters(path)

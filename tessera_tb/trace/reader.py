@@ -1,6 +1,8 @@
 """Open runs and load steps into columnar form (docs/FORMAT.md).
 
-Opening a run reads each worker's meta.pb only; step files load on demand.
+Opening a run reads each worker's meta.pb only; step files load on demand. A run is a
+directory, a bundle (`exp1.tessera.zip`, read in place) or an fsspec URL; every file is read
+through `layout.run_files`, so the same code reads all three.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ def _check_version(path: str, major: int, minor: int) -> None:
 
 
 def _read(path: str) -> bytes:
+    files = layout.run_files(path)
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return files.read_bytes(path)
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
 
@@ -227,15 +229,17 @@ class Run:
 
 
 def open_run(path: str) -> Run:
-    """Open a run directory: reads each worker's meta.pb, no step file."""
+    """Open a run: a directory, a bundle (`*.tessera.zip`) or an fsspec URL (`s3://...`).
+    Reads each worker's meta.pb, no step file."""
+    files = layout.run_files(path)
     pdir = layout.plugin_dir(path)
-    if not os.path.isdir(pdir):
+    if not files.isdir(pdir):
         raise TraceFormatError(path, "not a Tessera run (no plugins/tessera directory)")
     workers = {}
-    for name in sorted(os.listdir(pdir)):
+    for name in sorted(files.listdir(pdir)):
         wdir = os.path.join(pdir, name)
         meta_path = os.path.join(wdir, layout.META_FILE)
-        if name.startswith(".") or not os.path.isfile(meta_path):
+        if name.startswith(".") or not files.isfile(meta_path):
             continue
         workers[name] = WorkerInfo(name=name, directory=wdir, meta=read_meta(meta_path))
     if not workers:
