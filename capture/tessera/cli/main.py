@@ -5,13 +5,26 @@ from __future__ import annotations
 import argparse
 import sys
 
-from tessera.cli import attach_cmd, import_cmd, import_ncu_cmd, report_cmd
+from tessera.cli import (
+    attach_cmd,
+    diff_cmd,
+    html_cmd,
+    import_cmd,
+    import_ncu_cmd,
+    pack_cmd,
+    report_cmd,
+    unpack_cmd,
+)
 
 _COMMANDS = {
     "import": import_cmd,
     "import-ncu": import_ncu_cmd,
     "report": report_cmd,
     "attach": attach_cmd,
+    "pack": pack_cmd,
+    "unpack": unpack_cmd,
+    "html": html_cmd,
+    "diff": diff_cmd,
 }
 
 
