@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from tessera_tb.backend.intervals import merged_segments
 from tessera_tb.backend.selection import iter_selected
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
@@ -788,32 +789,13 @@ def _overlap_ns(coll: dict[str, np.ndarray], compute: dict[str, np.ndarray]) -> 
         others = (compute["device"] == device) & (compute["stream"] != stream)
         if not others.any():
             continue
-        seg_start, seg_end = _merged(compute["start_ns"][others], compute["end_ns"][others])
+        seg_start, seg_end = merged_segments(compute["start_ns"][others], compute["end_ns"][others])
         covered_before = np.concatenate([[0], np.cumsum(seg_end - seg_start)])
         lo, hi = coll["start_ns"][mine], coll["end_ns"][mine]
         out[mine] = _covered_until(hi, seg_start, seg_end, covered_before) - _covered_until(
             lo, seg_start, seg_end, covered_before
         )
     return out
-
-
-def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted segments covering the union of [starts, ends)."""
-    keep = ends > starts
-    s, e = starts[keep], ends[keep]
-    if s.size == 0:
-        return s, e
-    order = np.argsort(s, kind="stable")
-    s, e = s[order], e[order]
-    reach = np.maximum.accumulate(e)
-    new_seg = np.empty(s.size, dtype=bool)
-    new_seg[0] = True
-    new_seg[1:] = s[1:] > reach[:-1]
-    seg_id = np.cumsum(new_seg) - 1
-    seg_start = s[new_seg]
-    seg_end = np.zeros(seg_start.size, dtype=np.int64)
-    np.maximum.at(seg_end, seg_id, reach)
-    return seg_start, seg_end
 
 
 def _covered_until(

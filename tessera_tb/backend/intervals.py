@@ -5,18 +5,18 @@ from __future__ import annotations
 import numpy as np
 
 
-def union_length_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
-    """Length of the union of [starts, ends) clipped to [lo, hi), in ns."""
-    s = np.clip(np.asarray(starts, dtype=np.int64), lo, hi)
-    e = np.clip(np.asarray(ends, dtype=np.int64), lo, hi)
+def merged_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Disjoint, sorted segments [seg_start, seg_end) covering the union of [starts, ends)."""
+    s = np.asarray(starts, dtype=np.int64)
+    e = np.asarray(ends, dtype=np.int64)
     keep = e > s
-    if not keep.any():
-        return 0
     s, e = s[keep], e[keep]
+    if s.size == 0:
+        return s, e
     order = np.argsort(s, kind="stable")
     s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
-    # A new merged segment starts where an interval begins after everything before it ended.
+    # A new segment starts where an interval begins after everything before it ended.
     new_seg = np.empty(s.size, dtype=bool)
     new_seg[0] = True
     new_seg[1:] = s[1:] > reach[:-1]
@@ -24,4 +24,12 @@ def union_length_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> i
     seg_start = s[new_seg]
     seg_end = np.zeros(seg_start.size, dtype=np.int64)
     np.maximum.at(seg_end, seg_id, reach)
+    return seg_start, seg_end
+
+
+def union_length_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:
+    """Length of the union of [starts, ends) clipped to [lo, hi), in ns."""
+    s = np.clip(np.asarray(starts, dtype=np.int64), lo, hi)
+    e = np.clip(np.asarray(ends, dtype=np.int64), lo, hi)
+    seg_start, seg_end = merged_segments(s, e)
     return int((seg_end - seg_start).sum())

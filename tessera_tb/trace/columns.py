@@ -55,32 +55,36 @@ def _pack(arr: np.ndarray) -> tuple[bool, int, bytes]:
     shuffle = width > 1 and arr.size > 1
     if shuffle:
         raw = raw.reshape(-1, width).T
-    data = raw.tobytes()
+    return (shuffle, *_compress(raw.tobytes()))
+
+
+def _compress(data: bytes) -> tuple[int, bytes]:
+    """(codec, bytes): zlib when the data is long enough and compression makes it smaller."""
     if len(data) >= _MIN_COMPRESS_BYTES:
         packed = zlib.compress(data, _ZLIB_LEVEL)
         if len(packed) < len(data):
-            return shuffle, pb.CODEC_ZLIB, packed
-    return shuffle, pb.CODEC_NONE, data
+            return pb.CODEC_ZLIB, packed
+    return pb.CODEC_NONE, data
+
+
+def _decompress(codec: int, data: bytes, what: str) -> bytes:
+    if codec == pb.CODEC_ZLIB:
+        try:
+            return zlib.decompress(data)
+        except zlib.error as exc:
+            raise ValueError(f"{what}: corrupt compressed data ({exc})") from None
+    if codec != pb.CODEC_NONE:
+        raise ValueError(f"{what}: unknown codec {codec}")
+    return data
 
 
 def encode_strings(strings: list[str], out: pb.StringTable) -> None:
-    data = msgspec.json.encode(strings)
     out.count = len(strings)
-    if len(data) >= _MIN_COMPRESS_BYTES:
-        packed = zlib.compress(data, _ZLIB_LEVEL)
-        if len(packed) < len(data):
-            out.codec = pb.CODEC_ZLIB
-            data = packed
-    out.data = data
+    out.codec, out.data = _compress(msgspec.json.encode(strings))
 
 
 def decode_strings(table: pb.StringTable) -> list[str]:
-    data = table.data
-    if table.codec == pb.CODEC_ZLIB:
-        try:
-            data = zlib.decompress(data)
-        except zlib.error as exc:
-            raise ValueError(f"string table: corrupt compressed data ({exc})") from None
+    data = _decompress(table.codec, table.data, "string table")
     if not data:
         if table.count:
             raise ValueError(f"string table is empty, header says {table.count} strings")
@@ -101,14 +105,7 @@ def decode(col: pb.Column, *, path: str = "<memory>", what: str = "column") -> n
         if col.count == 0 and not col.data:
             return np.zeros(0, dtype=np.int64)
         raise ValueError(f"{what}: unknown dtype code {col.dtype}")
-    data = col.data
-    if col.codec == pb.CODEC_ZLIB:
-        try:
-            data = zlib.decompress(data)
-        except zlib.error as exc:
-            raise ValueError(f"{what}: corrupt compressed data ({exc})") from None
-    elif col.codec != pb.CODEC_NONE:
-        raise ValueError(f"{what}: unknown codec {col.codec}")
+    data = _decompress(col.codec, col.data, what)
     n = int(col.count)
     if len(data) != n * dtype.itemsize:
         raise ValueError(f"{what}: {len(data)} bytes for {n} values of {dtype.name}")
