@@ -76,7 +76,8 @@ class TesseraPlugin(base_plugin.TBPlugin):
     def is_active(self) -> bool:
         # TensorBoard asks on every page load; a first scan of a huge logdir may take longer
         # than that page should wait (the tab turns active at the next load).
-        return bool(self._index.entries(wait_s=5.0))
+        # A logdir URL that cannot be read keeps the tab, so that it can say why.
+        return bool(self._index.entries(wait_s=5.0)) or self._index.logdir_error is not None
 
     def frontend_metadata(self):
         return base_plugin.FrontendMetadata(es_module_path="/index.js", tab_name=TAB_NAME)

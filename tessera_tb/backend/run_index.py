@@ -274,13 +274,23 @@ class RunIndex:
         if entry is not None and entry.signature == sig and entry.path == path:
             entry.checked_at = time.monotonic()
             return entry
-        return self._open(name, path, sig)
+        return self._open(
+            name, path, sig, entry if entry is not None and entry.path == path else None
+        )
 
-    def _open(self, name: str, path: str, sig: Signature) -> RunEntry:
+    def _open(self, name: str, path: str, sig: Signature, old: RunEntry | None = None) -> RunEntry:
+        """Open a run whose signature is `sig`. Workers whose part of the signature is the
+        same as in `old` (the entry it replaces) keep their metadata: only a changed meta.pb
+        is read again (one GET per changed worker on remote storage)."""
         workers, errors = {}, {}
         pdir = layout.plugin_dir(path)
-        for worker, *_ in sig:
+        unchanged = set(sig) & set(old.signature) if old is not None and old.run else set()
+        for worker_sig in sig:
+            worker = worker_sig[0]
             wdir = os.path.join(pdir, worker)
+            if worker_sig in unchanged and worker in old.run.workers:
+                workers[worker] = old.run.workers[worker]
+                continue
             try:
                 layout.check_worker_name(worker)
                 workers[worker] = WorkerInfo(

@@ -43,7 +43,7 @@ _S3_ENV = (*ENDPOINT_ENV, "AWS_ACCESS_KEY_ID", "AWS_PROFILE", "AWS_REGION", "AWS
 EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 DEFAULT_TTL_S = 10.0
 # Fail fast on an unreachable endpoint (a request of the plugin waits on it).
-_S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3}}
+_S3_CONFIG = {"connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 2}}
 
 
 class RemoteStorageError(TraceFormatError):
