@@ -27,6 +27,7 @@ import re
 from collections.abc import Iterable
 
 import plotly
+from tensorboard import errors as tb_errors
 
 from tessera_tb import __version__
 from tessera_tb.trace.reader import Run
@@ -112,7 +113,8 @@ def report_data(
 ) -> dict:
     """What the report shows, as JSON-ready Python: the header and each section's route
     answer (or the one-line reason it has none). `workers`/`steps` select as in the plugin;
-    the default is every worker and the run's default step range (`default_steps`)."""
+    the default is every worker and the run's default step range (`default_steps`). Raises
+    ValueError for a selection that names no worker or step of the run."""
     from tessera_tb.backend import plugin_data
     from tessera_tb.backend.run_index import RunEntry
 
@@ -120,12 +122,16 @@ def report_data(
     args: dict[str, str] = {}
     if workers is not None:
         args["workers"] = ",".join(workers)
-    chosen = plugin_data.parse_workers(run, args.get("workers"))
-    first = next((w for w in chosen if run.worker(w).steps), None)
-    if steps is not None:
-        args["steps"] = ",".join(str(s) for s in sorted(set(steps)))
-    elif first is not None:
-        args["steps"] = plugin_data.default_steps(run, first)
+    try:
+        chosen = plugin_data.parse_workers(run, args.get("workers"))
+        first = next((w for w in chosen if run.worker(w).steps), None)
+        if steps is not None:
+            args["steps"] = ",".join(str(s) for s in sorted(set(steps)))
+        elif first is not None:
+            args["steps"] = plugin_data.default_steps(run, first)
+        plugin_data.parse_steps(run, chosen, args.get("steps"))
+    except (tb_errors.NotFoundError, tb_errors.InvalidArgumentError) as exc:
+        raise ValueError(f"run {label}: {exc}") from None
     entry = RunEntry(label, run.path, (), run)
     header = json.loads(plugin_data.encode_json(plugin_data.run_header(None, entry)))
     sections = []
