@@ -656,6 +656,7 @@ async function compareView(box, ctx) {
   const medians = rowsOf(t.step_medians);
   const step = medians.find((r) => r.figure === "step_time_ms");
   const slower = data.slowdown_pct > 0;
+  const verdict = data.slowdown_pct === 0 ? "B is as fast" : slower ? "B is slower" : "B is faster";
   const sign = (v) => (v > 0 ? "+" : "");
   const cards = el(
     "div",
@@ -663,7 +664,7 @@ async function compareView(box, ctx) {
     card(`A: ${data.baseline}`, fmtCell("step_time_ms", step.a), "median step time", "card-a"),
     card(`B: ${data.run}`, fmtCell("step_time_ms", step.b), "median step time", "card-b"),
     card(
-      slower ? "B is slower" : "B is faster",
+      verdict,
       `${sign(step.delta)}${fmtCell("x_ms", step.delta)} (${sign(data.slowdown_pct)}${fmtCell("x_pct", data.slowdown_pct)})`,
       "medians over each run's (worker, step) pairs",
       `card-delta ${slower ? "slower" : "faster"}`,
