@@ -30,9 +30,21 @@ setup(
     extras_require={
         "torch": ["torch"],
         "nvml": ["nvidia-ml-py"],
+        # Logdirs, runs and bundles on object storage (s3://, gs://) through fsspec.
+        "s3": ["fsspec>=2023.6", "s3fs>=2023.6"],
+        "gcs": ["fsspec>=2023.6", "gcsfs>=2023.6"],
         # playwright drives the system's Chromium (apt-get install chromium) in the plugin's
-        # browser tests; it never downloads a browser of its own here.
-        "test": ["pytest>=8", "ruff>=0.17,<0.18", "playwright==1.65.2"],
+        # browser tests; it never downloads a browser of its own here. moto runs a local
+        # S3-compatible server for the s3:// tests (boto3 is what TensorBoard reads S3 with).
+        "test": [
+            "pytest>=8",
+            "ruff>=0.17,<0.18",
+            "playwright==1.65.2",
+            "moto[server]>=5.0",
+            "boto3>=1.34",
+            "fsspec>=2023.6",
+            "s3fs>=2023.6",
+        ],
     },
     entry_points={
         "console_scripts": ["tessera-prof=tessera.cli.main:main"],

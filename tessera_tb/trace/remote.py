@@ -409,6 +409,9 @@ def import_traces_to_url(paths: list[str], logdir_url: str, run: str | None = No
         try:
             files = files_for(logdir_url)
             files.check_reachable(logdir_url)
+            target = join(logdir_url, run) if run else None
+            if target and not overwrite and files.isdir(layout.plugin_dir(target)):
+                raise ImportFailed(f"{target}: run already exists (pass --overwrite to replace it)")
         except RemoteStorageError as exc:
             raise ImportFailed(str(exc)) from None
         result = import_traces(paths, staging, run, **kwargs)

@@ -111,6 +111,19 @@ def test_the_plugin_browses_the_bucket_with_the_numbers_of_the_local_copy(s3_ddp
     assert header == plugin_data.run_header(local, local.entry("ddp"))
 
 
+def test_tessera_prof_import_writes_a_run_into_a_bucket(s3_env, local_ddp):
+    logdir = f"s3://runs/{uuid.uuid4().hex[:12]}"
+    proc = _cli("import", *DDP_TRACES, "--logdir", logdir, "--run", "cli", "-q", env={})
+    assert proc.returncode == 0, proc.stderr
+    assert f"into {logdir}/cli:" in proc.stdout
+    on_s3, local = open_run(f"{logdir}/cli"), open_run(os.path.join(local_ddp, "ddp"))
+    assert on_s3.steps == local.steps
+    for w in local.workers:
+        assert on_s3.worker(w).meta == local.worker(w).meta
+    again = _cli("import", *DDP_TRACES, "--logdir", logdir, "--run", "cli", "-q", env={})
+    _one_line_error(again, f"{logdir}/cli: run already exists")
+
+
 def test_the_index_never_lists_step_files_and_rereads_meta_only_when_its_etag_changes(
     s3_ddp, monkeypatch
 ):

@@ -4,6 +4,9 @@ Takes .pt.trace.json / .json.gz files, or directories of them (one file per rank
 torch.profiler.tensorboard_trace_handler writes them). NVML sample files named
 nvml_<worker>.csv beside the traces become counter tracks.
 
+--logdir may be an fsspec URL (s3://bucket/runs, gs://...; pip install
+'tessera-profiler[s3]'): the run is imported locally, then uploaded file by file.
+
 Example:
   tessera-prof import runs_raw/ddp/ --logdir runs --run ddp
 """
@@ -15,6 +18,7 @@ import sys
 import time
 
 from tessera_tb.importers.kineto_import import ImportFailed, import_traces, parse_steps
+from tessera_tb.trace import layout
 
 HELP = "import PyTorch profiler traces into a run"
 
@@ -42,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
         workers = (
             {w.strip() for w in args.workers.split(",") if w.strip()} if args.workers else None
         )
-        result = import_traces(
+        importer = import_traces
+        if layout.is_url(args.logdir):  # written locally, then uploaded (trace/remote.py)
+            from tessera_tb.trace.remote import import_traces_to_url as importer
+        result = importer(
             args.paths,
             args.logdir,
             args.run,
