@@ -12,7 +12,13 @@ import pytest
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import bundle
 from tests.conftest import DEMO_RUNS
-from tests.plugin.conftest import Tab, plot_data, start_tensorboard, stop_tensorboard
+from tests.plugin.conftest import (
+    SCREENSHOTS,
+    Tab,
+    plot_data,
+    start_tensorboard,
+    stop_tensorboard,
+)
 
 
 def _median_step_ms(run_dir: str) -> float:
@@ -43,10 +49,9 @@ def tb_sharing(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.getbasetemp() / "screenshots")
-    os.makedirs(path, exist_ok=True)
-    return path
+def shots() -> str:
+    os.makedirs(SCREENSHOTS, exist_ok=True)
+    return SCREENSHOTS
 
 
 def test_the_compare_view_shows_a_bundle_against_its_baseline(browser, tb_sharing, shots):

@@ -1,7 +1,6 @@
 """The offline HTML report of each demo run renders every section with the run's numbers in
 headless Chromium with the network cut off: no request leaves the file, no console error, and
-names from traces stay text. Screenshots are kept in the session's temporary directory
-(`screenshots/`, printed with -s)."""
+names from traces stay text. Screenshots go to tests/plugin/screenshots/report_*.png."""
 
 from __future__ import annotations
 
@@ -14,17 +13,20 @@ from tessera_tb.backend import breakdown, topk
 from tessera_tb.exporters.html_report import SECTIONS, write_report
 from tessera_tb.trace.reader import open_run
 from tests.conftest import DEMO_RUNS
-from tests.plugin.conftest import HOSTILE_KERNEL, HOSTILE_RUN, _rename_heaviest_kernel
+from tests.plugin.conftest import (
+    HOSTILE_KERNEL,
+    HOSTILE_RUN,
+    SCREENSHOTS,
+    _rename_heaviest_kernel,
+)
 
 _NOISE = ("GPU stall due to ReadPixels",)
 
 
 @pytest.fixture(scope="module")
-def shots(tmp_path_factory) -> str:
-    path = str(tmp_path_factory.getbasetemp() / "screenshots")
-    os.makedirs(path, exist_ok=True)
-    print(f"report screenshots in {path}")
-    return path
+def shots() -> str:
+    os.makedirs(SCREENSHOTS, exist_ok=True)
+    return SCREENSHOTS
 
 
 @pytest.fixture(scope="module")

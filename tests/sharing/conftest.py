@@ -128,8 +128,3 @@ def s3_env(moto_s3, monkeypatch):
     remote.clear_cache()
     yield moto_s3
     remote.clear_cache()
-
-
-# Headless Chromium, as the plugin's browser tests drive it (skips without Debian's chromium,
-# fails instead under TESSERA_REQUIRE_BROWSER=1).
-from tests.plugin.conftest import browser  # noqa: E402, F401
