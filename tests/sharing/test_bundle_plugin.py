@@ -3,12 +3,15 @@ results of the directory it was packed from; a bad bundle is one run with an err
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import shutil
 import zipfile
 
 import pytest
+from tensorboard import errors
 
 from tessera_tb.backend import plugin_data
 from tessera_tb.backend.run_index import RunIndex
@@ -134,3 +137,23 @@ def test_a_bundle_over_the_size_limit_is_an_error_for_that_run_only(tmp_path, mo
         "ddp.tessera.zip: holds more than 100,000 bytes uncompressed, over the limit"
     )
     assert runs["gpt_1gpu"]["error"] is None
+
+
+def test_the_compare_route_needs_a_baseline_and_its_tables_download_as_csv(index):
+    with pytest.raises(errors.InvalidArgumentError, match="missing parameter: baseline"):
+        plugin_data.compare_json(index, {"run": "fsdp.tessera.zip"})
+    with pytest.raises(errors.NotFoundError, match="no run named 'nope'"):
+        plugin_data.compare_json(index, {"run": "fsdp.tessera.zip", "baseline": "nope"})
+    args = {
+        "view": "compare",
+        "table": "kernel_changes",
+        "run": "fsdp.tessera.zip",
+        "baseline": "ddp_gpt_2rank",
+    }
+    body, name = plugin_data.table_csv(index, args)
+    assert name == "fsdp.tessera.zip_compare_kernel_changes.csv"
+    table = list(csv.DictReader(io.StringIO(body.decode())))
+    status = {(r["kernel"], r["op"]): r["status"] for r in table}
+    assert status[("ncclDevKernel_AllGather_RING_LL", "record_param_comms")] == "new"
+    assert status[("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "record_param_comms")] == "vanished"
+    assert set(status.values()) == {"new", "vanished"}
