@@ -145,8 +145,10 @@ class RemoteFiles(layout.RunFiles):
         try:
             cls = fsspec.get_filesystem_class(protocol)
             self.fs = cls(skip_instance_cache=True, **storage_options(protocol))
-        except (ImportError, ValueError) as exc:
+        except ImportError as exc:
             raise RemoteStorageError(example_url, self._missing_backend(str(exc))) from None
+        except Exception as exc:  # an unknown protocol, credentials a backend refuses at start
+            raise RemoteStorageError(example_url, describe_error(exc)) from None
 
     def _missing_backend(self, what: str) -> str:
         extra = EXTRAS.get(self.protocol)

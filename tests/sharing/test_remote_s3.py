@@ -5,6 +5,7 @@ copy, and storage problems are one clear error that breaks nothing else."""
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
 import subprocess
@@ -253,3 +254,13 @@ def test_tensorboard_reads_the_bucket_with_load_fast_false_and_s3_endpoint(s3_dd
             time.sleep(0.3)
     finally:
         stop_tensorboard(proc)
+
+
+def test_a_url_without_its_backend_or_protocol_says_what_to_install():
+    if importlib.util.find_spec("gcsfs") is None:
+        with pytest.raises(
+            remote.RemoteStorageError, match=r"pip install 'tessera-profiler\[gcs\]'"
+        ):
+            open_run("gs://bucket/runs/exp1")
+    with pytest.raises(remote.RemoteStorageError, match="nosuch://x/y: .*Protocol not known"):
+        open_run("nosuch://x/y")
