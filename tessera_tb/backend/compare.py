@@ -153,22 +153,16 @@ def _median_over_pairs(
     long: pd.DataFrame, keys: list[str], values: list[str], n_pairs: int
 ) -> pd.DataFrame:
     """Per key: the median of each value over `n_pairs` (worker, step) pairs, a pair without
-    the key counting 0. Columns: keys, values, `pairs_present`."""
+    the key counting 0. Columns: keys, values."""
     if long.empty or n_pairs == 0:
-        return pd.DataFrame(
-            {**{k: [] for k in keys}, **{v: [] for v in values}, "pairs_present": []}
-        )
+        return pd.DataFrame({**{k: [] for k in keys}, **{v: [] for v in values}})
     summed = long.groupby(keys + ["pair"], sort=False, dropna=False)[values].sum()
-    out = {}
+    out, index = {}, None
     for v in values:
-        wide = summed[v].unstack("pair")
-        wide = wide.reindex(columns=range(n_pairs)).fillna(0.0).to_numpy(dtype=np.float64)
-        out[v] = np.median(wide, axis=1)
-    present = summed.reset_index().groupby(keys, sort=False, dropna=False)["pair"].nunique()
-    index = summed[values[0]].unstack("pair").index
-    frame = pd.DataFrame(out, index=index)
-    frame["pairs_present"] = present.reindex(index).to_numpy()
-    return frame.reset_index()
+        wide = summed[v].unstack("pair").reindex(columns=range(n_pairs))
+        index = wide.index
+        out[v] = np.median(wide.fillna(0.0).to_numpy(dtype=np.float64), axis=1)
+    return pd.DataFrame(out, index=index).reset_index()
 
 
 def _join_sides(
