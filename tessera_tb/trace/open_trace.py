@@ -33,11 +33,14 @@ def _cache_key(path: str) -> str:
 
 
 def open_trace(trace: str | os.PathLike | Run) -> Run:
-    """A Run for `trace`: an open Run, a run directory, or a .json/.json.gz trace file
-    (PyTorch profiler / Kineto, or Chrome trace format)."""
+    """A Run for `trace`: an open Run, a run directory, a bundle (`*.tessera.zip`), a run
+    under an fsspec URL (`s3://bucket/runs/exp1`), or a .json/.json.gz trace file (PyTorch
+    profiler / Kineto, or Chrome trace format)."""
     if isinstance(trace, Run):
         return trace
     path = os.fspath(trace)
+    if layout.is_url(path) or path.endswith(layout.BUNDLE_SUFFIX):
+        return open_run(path)
     if os.path.isdir(path):
         if os.path.isdir(layout.plugin_dir(path)):
             return open_run(path)

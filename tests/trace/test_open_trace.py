@@ -49,3 +49,15 @@ def test_bad_inputs_name_the_file(cache, tmp_path):
     assert str(bad) in str(err.value) and "traceEvents" in str(err.value)
     with pytest.raises(TraceFormatError, match="not a Tessera run"):
         open_trace(tmp_path)
+
+
+def test_a_bundle_opens_as_the_run_it_holds(cache, tmp_path):
+    from tessera_tb.trace.bundle import pack_run
+
+    bundle = tmp_path / "gpt.tessera.zip"
+    pack_run(os.path.join(DEMO_RUNS, "gpt_1gpu"), str(bundle))
+    run = open_trace(bundle)
+    assert run.steps == [4, 5] and sorted(run.workers) == ["worker0"]
+    assert run.load_step("worker0", 5).num_events == (
+        open_trace(os.path.join(DEMO_RUNS, "gpt_1gpu")).load_step("worker0", 5).num_events
+    )
