@@ -69,8 +69,13 @@ class StepAssembler:
         max_steps: int,
         max_bytes: int,
         report: Report,
+        upload_url: str | None = None,
     ):
         self.run_dir = run_dir
+        # A run whose home is an fsspec URL (s3://...) is written here and mirrored there
+        # file by file after every step: an object PUT is atomic, like the local rename.
+        self.upload_url = upload_url
+        self._uploader = None
         self.meta = meta
         self.expect_trace = expect_trace
         self.nvml = nvml
@@ -135,6 +140,7 @@ class StepAssembler:
                 self.writer.close()
             except OSError as exc:
                 self._stop(f"cannot write to {self.run_dir} ({exc.strerror or exc})")
+            self._upload()  # the scalars and the final meta.pb
 
     # ---- internals ------------------------------------------------------------------------
 
@@ -226,6 +232,7 @@ class StepAssembler:
             self._stop(f"cannot write to {self.run_dir} ({exc.strerror or exc})")
             return
         self.steps_written.append(step.step)
+        self._upload()
         self.report(("written", step.step, self.writer.bytes_written))
         if self.writer.bytes_written >= self.max_bytes:
             self._stop(
@@ -233,6 +240,21 @@ class StepAssembler:
                 "files written)",
                 cap=True,
             )
+
+    def _upload(self) -> None:
+        """Mirror the local run to `upload_url`; a storage error stops capture (one warning)."""
+        if self.upload_url is None or self.stopped:
+            return
+        from tessera_tb.trace.errors import TraceFormatError
+        from tessera_tb.trace.remote import RunUploader
+
+        try:
+            if self._uploader is None:
+                self._uploader = RunUploader(self.run_dir, self.upload_url)
+            self._uploader.sync()
+        except (TraceFormatError, OSError) as exc:
+            self.upload_url = None
+            self._stop(f"cannot upload to the run's URL ({exc})")
 
     def _add_nvml(self, step: StepData) -> None:
         from tessera_tb.importers import nvml_csv
@@ -527,6 +549,7 @@ def make_assembler(config: dict, report: Report, nvml=None) -> StepAssembler:
         max_steps=config["max_steps"],
         max_bytes=config["max_bytes"],
         report=report,
+        upload_url=config.get("upload_url"),
     )
 
 

@@ -41,6 +41,14 @@ NVML_START_TIMEOUT_S = 10.0
 STEP_CALLS_KEPT = 100_000
 
 
+def _is_url(path: str) -> bool:
+    """An fsspec URL such as s3://bucket/runs (tessera_tb.trace.layout.is_url, without
+    importing the trace package at session construction)."""
+    from tessera_tb.trace.layout import is_url
+
+    return is_url(path)
+
+
 def detect_rank() -> tuple[int, int, bool]:
     """(rank, world_size, distributed): torch.distributed if initialised, else RANK, else 0.
 
@@ -105,6 +113,11 @@ class Session:
         self.max_bytes = int(max_bytes)
         self._own_dir = tensorboard_dir is None
         self.run_dir = str(tensorboard_dir) if tensorboard_dir is not None else None
+        # tensorboard_dir="s3://bucket/runs/exp1" (any fsspec URL): steps are written to a
+        # local staging directory and uploaded there file by file as they are written.
+        self.run_url: str | None = None
+        if self.run_dir is not None and _is_url(self.run_dir):
+            self.run_url, self.run_dir = self.run_dir.rstrip("/"), None
         self.rank, self.world_size, self.distributed = 0, 1, False
         self.worker = "worker0"
         self.enabled = False  # this rank profiles and the run directory is writable
@@ -163,6 +176,7 @@ class Session:
             self._tmpdir = capture_tmpdir()
         config = {
             "run_dir": os.path.abspath(self.run_dir),
+            "upload_url": self.run_url,
             "meta": meta.SerializeToString(),
             "expect_trace": want_torch,
             "max_steps": self.max_steps,
@@ -295,6 +309,19 @@ class Session:
     def _prepare_dir(self) -> bool:
         from tessera_tb.trace import layout
 
+        if self.run_url is not None:
+            from tessera_tb.trace.remote import RemoteStorageError, files_for
+
+            try:
+                files_for(self.run_url).check_reachable(self.run_url)
+            except (RemoteStorageError, ImportError) as exc:
+                self.box.add(
+                    "unwritable",
+                    f"tessera capture: cannot write to {self.run_url} ({exc}); "
+                    "training runs without profiling",
+                )
+                self.box.emit(stacklevel=4)
+                return False
         directory = layout.worker_dir(self.run_dir, self.worker)
         try:
             os.makedirs(directory, exist_ok=True)
