@@ -44,6 +44,8 @@ setup(
             "boto3>=1.34",
             "fsspec>=2023.6",
             "s3fs>=2023.6",
+            # The NVML sampler's "no driver" path is tested on machines without a GPU.
+            "nvidia-ml-py",
         ],
     },
     entry_points={
