@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 import numpy as np
-import pandas as pd
 
 from tessera_tb.importers.kineto_decode import RawEvent, RawTrace, gc_paused
 from tessera_tb.trace.errors import TraceFormatError
@@ -49,9 +48,20 @@ class StringTable:
         """Ids of many strings: hashes them in C, interns each distinct one once."""
         if len(values) == 0:
             return np.zeros(0, dtype=np.int32)
-        codes, uniques = pd.factorize(_object_array(values), use_na_sentinel=False)
+        codes, uniques = factorize(values)
         lookup = np.fromiter((self.intern(u) for u in uniques), dtype=np.int32, count=len(uniques))
         return lookup[codes]
+
+
+def factorize(values) -> tuple[np.ndarray, list]:
+    """(codes, uniques) of hashable values in order of first appearance, like pd.factorize
+    without its missing-value checks: one C-level pass to find the distinct values and one
+    to look each value up."""
+    seen = dict.fromkeys(values)
+    for code, value in enumerate(seen):
+        seen[value] = code
+    codes = np.fromiter(map(seen.__getitem__, values), dtype=np.int64, count=len(values))
+    return codes, list(seen)
 
 
 def _object_array(values) -> np.ndarray:
@@ -96,8 +106,7 @@ class Tracks:
     def ids(self, pids: list, tids: list) -> np.ndarray:
         if not pids:
             return np.zeros(0, dtype=np.int32)
-        pairs = np.fromiter(zip(pids, tids), dtype=object, count=len(pids))
-        codes, uniques = pd.factorize(pairs, use_na_sentinel=False)
+        codes, uniques = factorize(list(zip(pids, tids)))
         lookup = np.empty(len(uniques), dtype=np.int32)
         for i, (pid, tid) in enumerate(uniques):
             key = (str(pid), str(tid))
@@ -159,7 +168,7 @@ class _Accumulator:
 
     def add(self, offset: int, events: list[RawEvent]) -> None:
         ph = [e.ph for e in events]
-        codes, phases = pd.factorize(_object_array(ph), use_na_sentinel=False)
+        codes, phases = factorize(ph)
         slice_codes = [i for i, p in enumerate(phases) if p in _SLICE_PHASES]
         flow_codes = [i for i, p in enumerate(phases) if p in _FLOW_PHASES]
         for i, p in enumerate(phases):
@@ -221,7 +230,7 @@ class _Accumulator:
         keys = list(chain.from_iterable(dicts))
         values = _object_array(list(chain.from_iterable(map(dict.values, dicts))))
         arg_rows = np.repeat(rows, lens)
-        key_codes, key_names = pd.factorize(_object_array(keys), use_na_sentinel=False)
+        key_codes, key_names = factorize(keys)
         order = np.argsort(key_codes.astype(np.int32), kind="stable")
         bounds = np.searchsorted(key_codes[order], np.arange(len(key_names) + 1))
         for k, key in enumerate(key_names):
@@ -261,8 +270,7 @@ class _Accumulator:
     def _intern_json(self, values: np.ndarray) -> np.ndarray:
         """Ids of the compact JSON texts of values (lists, mixed types): encoded in C, hashed
         as bytes, and decoded to str once per distinct text (shapes repeat a lot)."""
-        encoded = _object_array(list(map(_JSON.encode, values)))
-        codes, uniques = pd.factorize(encoded, use_na_sentinel=False)
+        codes, uniques = factorize(list(map(_JSON.encode, values)))
         lookup = np.fromiter(
             (self.strings.intern(u.decode()) for u in uniques), dtype=np.int32, count=len(uniques)
         )

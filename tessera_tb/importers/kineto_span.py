@@ -272,37 +272,53 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
     return infos
 
 
+def previous_greater_equal(values: np.ndarray) -> np.ndarray:
+    """For each i, the largest j < i with values[j] >= values[i], or -1 (vectorised).
+
+    Binary lifting over block maxima: level k holds the maximum of the 2^k values ending at
+    each position (a prefix maximum near the start), and every i jumps left over whole blocks
+    that are all smaller than its value, from the largest block size down. O(n log n) numpy
+    work instead of a Python loop with a stack (the monotonic-stack answer, exactly).
+    """
+    n = values.size
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    levels = [values]
+    width = 1
+    while width < n:
+        prev = levels[-1]
+        cur = prev.copy()
+        cur[width:] = np.maximum(prev[width:], prev[:-width])
+        levels.append(cur)
+        width *= 2
+    pos = np.arange(-1, n - 1, dtype=np.int64)
+    for k in range(len(levels) - 1, -1, -1):
+        live = pos >= 0
+        idx = np.flatnonzero(live)
+        skip = levels[k][pos[idx]] < values[idx]
+        pos[idx[skip]] -= 1 << k
+    return np.maximum(pos, -1)
+
+
 def _tree_parents(rows: np.ndarray, start, end, track_id, external_id, parent: np.ndarray) -> None:
     """Containment tree: B's parent is the innermost A on the same track with A ⊇ B.
 
-    Rows are ordered by track, start, longer first, lower External id first, so a
-    parent comes before its children and, on equal intervals, the lower External id
-    is the parent (METRICS.md).
+    Rows are ordered by track, start, longer first, lower External id first, so a parent
+    comes before its children and, on equal intervals, the lower External id is the parent
+    (METRICS.md). In that order every earlier row of the track starts no later, so the
+    innermost container of a row is the nearest earlier row of its track that ends no
+    earlier: a previous-greater-or-equal search on the end times.
     """
     if rows.size == 0:
         return
     order = np.lexsort((external_id[rows], -(end[rows] - start[rows]), start[rows], track_id[rows]))
     rows = rows[order]
-    r_list = rows.tolist()
-    e_list = end[rows].tolist()
-    t_list = track_id[rows].tolist()
-    out = [-1] * len(r_list)
-    stack_rows: list[int] = []
-    stack_ends: list[int] = []
-    cur_track = None
-    for i, (r, e, t) in enumerate(zip(r_list, e_list, t_list)):
-        if t != cur_track:
-            stack_rows.clear()
-            stack_ends.clear()
-            cur_track = t
-        while stack_ends and stack_ends[-1] < e:
-            stack_ends.pop()
-            stack_rows.pop()
-        if stack_rows:
-            out[i] = stack_rows[-1]
-        stack_rows.append(r)
-        stack_ends.append(e)
-    parent[rows] = out
+    tracks = track_id[rows]
+    nearest = previous_greater_equal(end[rows])
+    # The nearest such row in an earlier track means none in this one.
+    first_of_track = np.searchsorted(tracks, tracks, side="left")
+    found = nearest >= first_of_track
+    parent[rows[found]] = rows[nearest[found]]
 
 
 def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndarray:

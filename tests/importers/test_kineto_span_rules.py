@@ -91,3 +91,23 @@ def test_kernel_belongs_to_the_step_of_its_launch_even_when_it_runs_later():
     kernel_row = int(np.flatnonzero(s1.events["launch"] >= 0)[0])
     launch = s1.events["launch"][kernel_row]
     assert s1.string_values(s1.events["name_id"])[launch] == "cudaLaunchKernel"
+
+
+def test_previous_greater_equal_matches_the_monotonic_stack():
+    from tessera_tb.importers.kineto_span import previous_greater_equal
+
+    def stack_answer(values):
+        out, stack = [], []
+        for i, v in enumerate(values):
+            while stack and values[stack[-1]] < v:
+                stack.pop()
+            out.append(stack[-1] if stack else -1)
+            stack.append(i)
+        return out
+
+    assert previous_greater_equal(np.array([5, 3, 4, 4, 9, 1])).tolist() == [-1, 0, 0, 2, -1, 4]
+    rng = np.random.default_rng(1)
+    for n in (0, 1, 2, 8, 9, 1000, 4097):
+        for high in (3, 10**9):
+            values = rng.integers(0, high, n)
+            assert previous_greater_equal(values).tolist() == stack_answer(values.tolist())
