@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
+from tessera_tb.backend.counter_join import linked_kernels, worker_profiles
 from tessera_tb.backend.selection import (
     iter_selected,
     resolve_workers,
@@ -20,6 +21,8 @@ from tessera_tb.backend.selection import (
     step_times_ms,
 )
 from tessera_tb.backend.utilization import gpu_busy_pct
+from tessera_tb.importers.ncu_csv import TENSOR_SRC_PATHS
+from tessera_tb.trace.kernel_counters import CounterProfile
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -169,7 +172,51 @@ SUMMARY_COLUMNS = [
     "est_occupancy_coverage_pct",
     "sm_occupancy_pct",
     "sm_occupancy_note",
+    "tensor_core_time_pct",
+    "counter_coverage_pct",
 ]
+
+TENSOR_FLOP_COUNTERS = tuple(TENSOR_SRC_PATHS)
+
+
+def measured_kernel_figures(
+    profile: CounterProfile | None, step: StepData
+) -> tuple[float, float, float, str]:
+    """(sm_occupancy_pct, tensor_core_time_pct, counter_coverage_pct, note) of a step from the
+    Nsight Compute counters matched to its kernels (METRICS.md, "Kernel counters" and
+    "Derived kernel figures").
+
+    - sm_occupancy_pct: `sm__warps_active.avg.pct_of_peak_sustained_active` (portable name
+      sm_occupancy), weighted by each kernel's own duration in the run;
+    - tensor_core_time_pct: 100 x time of kernels with measured tensor FLOPs > 0 / time of the
+      kernels with counters;
+    - counter_coverage_pct: the share of the step's kernel time (kernels and NCCL kernels)
+      that has counters: both figures describe that share only, never the rest.
+    NaN, with the reason in `note`, when the step has no matched counters.
+    """
+    if profile is None:
+        return np.nan, np.nan, np.nan, SM_OCCUPANCY_MISSING
+    idx, rows = linked_kernels(profile, step)
+    ev = step.events
+    kernels = np.isin(ev["kind"], [KIND["kernel"], KIND["collective"]])
+    total_ns = float(ev["dur_ns"][kernels].sum())
+    if idx.size == 0 or total_ns == 0:
+        return np.nan, np.nan, 0.0, "no kernel of this step has matched Nsight Compute counters"
+    dur = ev["dur_ns"][rows].astype(np.float64)
+    coverage = 100.0 * dur.sum() / total_ns
+    occ = profile.values("sm_occupancy")[idx] if profile.has("sm_occupancy") else None
+    if occ is not None and np.isfinite(occ).any():
+        ok = np.isfinite(occ)
+        occupancy = float(np.average(occ[ok], weights=dur[ok])) if dur[ok].sum() else np.nan
+    else:
+        occupancy = np.nan
+    tensor = np.zeros(idx.size)
+    for name in TENSOR_FLOP_COUNTERS:
+        if profile.has(name):
+            tensor += np.nan_to_num(profile.values(name)[idx])
+    tensor_pct = 100.0 * dur[tensor > 0].sum() / dur.sum() if dur.sum() else np.nan
+    note = f"measured on {idx.size} kernel(s), {coverage:.1f}% of the step's kernel time"
+    return occupancy, tensor_pct, coverage, note
 
 
 def step_summary(
@@ -184,11 +231,16 @@ def step_summary(
     - tensor_core_time_pct_est, tensor_core_basis: `tensor_core_time_pct_est`; the basis says it
       is estimated, or why it is unknown.
     - est_occupancy_pct, est_occupancy_coverage_pct: `est_occupancy` (estimated).
-    - sm_occupancy_pct: measured occupancy from Nsight Compute counters, joined later; null here,
-      with the reason in sm_occupancy_note.
+    - sm_occupancy_pct, tensor_core_time_pct, counter_coverage_pct: measured from Nsight
+      Compute counters where the run has them (`measured_kernel_figures`); the note says on
+      which share of the kernel time, or why they are null.
     """
     rows = []
+    profiles = worker_profiles(run, workers)
     for worker, step in iter_selected(run, workers, steps):
+        sm_occ, tc_measured, counter_coverage, occ_note = measured_kernel_figures(
+            profiles.get(worker), step
+        )
         busy = gpu_busy_pct(step)
         tc = tensor_core_time_pct_est(step)
         has_types = "Input type" in step.attrs_by_key
@@ -204,8 +256,10 @@ def step_summary(
                 "tensor_core_basis": TENSOR_CORE_BASIS if has_types else NO_INPUT_TYPES,
                 "est_occupancy_pct": occ,
                 "est_occupancy_coverage_pct": coverage,
-                "sm_occupancy_pct": np.nan,
-                "sm_occupancy_note": SM_OCCUPANCY_MISSING,
+                "sm_occupancy_pct": sm_occ,
+                "sm_occupancy_note": occ_note,
+                "tensor_core_time_pct": tc_measured,
+                "counter_coverage_pct": counter_coverage,
             }
         )
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
@@ -255,10 +309,23 @@ def summary(
         "est_occupancy_pct",
         "est_occupancy_coverage_pct",
         "sm_occupancy_pct",
+        "tensor_core_time_pct",
+        "counter_coverage_pct",
     ]
     grouped = per_step.groupby(["worker", "rank"], sort=True)
     out = grouped[numeric].median().reset_index()
     out.insert(2, "steps", grouped["step"].agg(tuple).to_numpy())
     out["tensor_core_basis"] = grouped["tensor_core_basis"].first().to_numpy()
-    out["sm_occupancy_note"] = SM_OCCUPANCY_MISSING
+    # One step: its own note; a range: the median is over the steps that had counters.
+    out["sm_occupancy_note"] = (
+        grouped["sm_occupancy_note"]
+        .agg(
+            lambda notes: (
+                notes.iloc[0]
+                if len(notes) == 1
+                else "median over the steps; per step: " + " | ".join(notes)
+            )
+        )
+        .to_numpy()
+    )
     return out

@@ -20,7 +20,7 @@ from tessera_tb.backend.summary import (
 from tessera_tb.trace import open_run
 from tests.backend.test_breakdown import DDP_RANK0, RESNET_2021, load_trace, ns
 from tests.backend.test_step_spans_and_busy import _hand_spans_and_busy
-from tests.conftest import DEMO_RUNS
+from tests.conftest import DEMO_RUNS, SHARED_TRACES
 
 # The matmul/attention ops of the GPT traces, spelled out (METRICS.md's eligible family).
 FAMILY_OPS = {
@@ -136,12 +136,58 @@ def test_estimated_occupancy_is_time_weighted_and_skips_failed_estimates():
     assert 0 < row["est_occupancy_coverage_pct"] < 100
 
 
-def test_measured_occupancy_is_null_with_a_reason():
-    run = open_run(os.path.join(DEMO_RUNS, "gpt_1gpu"))
+def test_measured_occupancy_is_null_with_a_reason_without_counters():
+    run = open_run(os.path.join(DEMO_RUNS, "ddp_gpt_2rank"))
     df = step_summary(run)
-    assert df["sm_occupancy_pct"].isna().all()
+    assert df["sm_occupancy_pct"].isna().all() and df["tensor_core_time_pct"].isna().all()
     assert (df["sm_occupancy_note"] == SM_OCCUPANCY_MISSING).all()
     assert "Nsight Compute" in SM_OCCUPANCY_MISSING
+
+
+def _ncu_rows() -> dict[str, dict[str, str]]:
+    """gpt_step_raw.csv read with the csv module: launch ID -> {metric: text}."""
+    import csv
+
+    path = os.path.join(SHARED_TRACES, "ncu", "gpt_step_raw.csv")
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    names = rows[0]
+    return {r[0]: dict(zip(names, r)) for r in rows[2:]}
+
+
+def test_measured_occupancy_and_tensor_core_share_come_from_the_ncu_values():
+    """Recomputed from the CSV cells of the kernels matched in each step, weighted by the
+    run's own kernel durations (METRICS.md, "Kernel counters", "Derived kernel figures")."""
+    from tessera_tb.backend.counter_join import linked_kernels
+    from tessera_tb.trace.kernel_counters import load_kernel_counters
+
+    run_dir = os.path.join(DEMO_RUNS, "gpt_1gpu")
+    run = open_run(run_dir)
+    profile = load_kernel_counters(run_dir, "worker0")
+    cells = _ncu_rows()
+    df = step_summary(run).set_index("step")
+    for step_no in run.steps:
+        step = run.load_step("worker0", step_no)
+        idx, rows = linked_kernels(profile, step)
+        dur = step.events["dur_ns"][rows].astype(float)
+        ids = [str(int(i)) for i in profile.profiled_id[idx]]
+        occ = np.array(
+            [float(cells[i]["sm__warps_active.avg.pct_of_peak_sustained_active"]) for i in ids]
+        )
+        tensor = np.array(
+            [
+                sum(
+                    float(cells[i][m].replace(",", "") or 0)
+                    for m in cells[i]
+                    if m.startswith("sm__ops_path_tensor_src_") and m.endswith(".sum")
+                )
+                for i in ids
+            ]
+        )
+        assert df.loc[step_no, "sm_occupancy_pct"] == pytest.approx(np.average(occ, weights=dur))
+        want_tc = 100 * dur[tensor > 0].sum() / dur.sum()
+        assert df.loc[step_no, "tensor_core_time_pct"] == pytest.approx(want_tc)
+        assert f"measured on {len(ids)} kernel(s)" in df.loc[step_no, "sm_occupancy_note"]
 
 
 def test_step_time_and_busy_match_the_json_and_the_distribution_is_over_all_steps():

@@ -87,6 +87,9 @@ def _sections(run, args) -> dict:
                 "gpu_busy_pct",
                 "tensor_core_time_pct_est",
                 "est_occupancy_pct",
+                "tensor_core_time_pct",
+                "sm_occupancy_pct",
+                "counter_coverage_pct",
             ]
         ].round(2), ""
 
