@@ -200,3 +200,20 @@ export function downloadLink(label, route, params) {
 export function note(kind, ...content) {
   return el("div", { className: `note ${kind}` }, ...content);
 }
+
+// The run header's device and version lines, shared by the tab and the offline report.
+export function describeDevices(header) {
+  return header.devices
+    .map(
+      (d) =>
+        `${d.count} × ${d.name} (${d.num_sms} SMs, ${(d.memory_bytes / 1e9).toFixed(1)} GB, ` +
+        `compute ${d.compute_capability})`,
+    )
+    .join("; ");
+}
+
+export function describeVersions(header) {
+  return Object.entries(header.versions)
+    .map(([k, v]) => `${k} ${v}`)
+    .join(", ");
+}

@@ -3,7 +3,7 @@
 // tab works under --path_prefix. The selection (run, workers, steps, view and the view's own
 // settings) lives in the page URL's hash, so a copied link opens the same view.
 
-import { el, getJSON, note } from "./static/dom.js";
+import { describeDevices, describeVersions, el, getJSON, note } from "./static/dom.js";
 import { VIEWS } from "./static/views.js";
 
 const STATE_PREFIX = "t.";
@@ -275,19 +275,11 @@ class App {
       return;
     }
     const h = this.header;
-    const devices = h.devices
-      .map(
-        (d) =>
-          `${d.count} × ${d.name} (${d.num_sms} SMs, ${(d.memory_bytes / 1e9).toFixed(1)} GB, ` +
-          `compute ${d.compute_capability})`,
-      )
-      .join("; ");
+    const devices = describeDevices(h);
     const clocks = [];
     if (h.clocks.sm_clock_mhz !== null) clocks.push(`SM ${h.clocks.sm_clock_mhz} MHz`);
     if (h.clocks.mem_clock_mhz !== null) clocks.push(`memory ${h.clocks.mem_clock_mhz} MHz`);
-    const versions = Object.entries(h.versions)
-      .map(([k, v]) => `${k} ${v}`)
-      .join(", ");
+    const versions = describeVersions(h);
     box.append(
       el(
         "div",

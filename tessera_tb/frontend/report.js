@@ -3,25 +3,17 @@
 // answer the report embeds (JSON in #tessera-data), handed to the view as if fetched; nothing
 // is requested from anywhere.
 
-import { el, note } from "./dom.js";
+import { describeDevices, describeVersions, el, note } from "./dom.js";
 import { VIEWS } from "./views.js";
 
 function renderHeader(data) {
   const h = data.header;
-  const devices = h.devices
-    .map(
-      (d) =>
-        `${d.count} × ${d.name} (${d.num_sms} SMs, ${(d.memory_bytes / 1e9).toFixed(1)} GB, ` +
-        `compute ${d.compute_capability})`,
-    )
-    .join("; ");
+  const devices = describeDevices(h);
   const facts = [
     devices || "no device information",
     `${h.num_workers} worker(s)` + (h.world_size ? `, world size ${h.world_size}` : ""),
     `shown: workers ${data.selection.workers.join(", ")}; steps ${data.selection.steps}`,
-    Object.entries(h.versions)
-      .map(([k, v]) => `${k} ${v}`)
-      .join(", "),
+    describeVersions(h),
   ];
   const box = document.getElementById("run-header");
   box.append(el("div", { className: "facts" }, facts.map((f) => el("span", { className: "fact", text: f }))));
