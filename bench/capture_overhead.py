@@ -31,52 +31,20 @@ import time
 import warnings
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "capture"))
 sys.path.insert(0, ROOT)
 
+from gpt_model import GPT  # noqa: E402  (bench/ is on sys.path: the scripts run from it)
+
 from tessera import profile  # noqa: E402
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = (
-            self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        )
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-
-class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, d: int, heads: int, layers: int):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.emb(idx)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
 
 
 def make_loop(device: str, size: dict):
     torch.manual_seed(0)
-    model = TinyGPT(size["vocab"], size["d"], size["heads"], size["layers"]).to(device)
+    model = GPT(size["vocab"], size["d"], size["heads"], size["layers"]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     idx = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)
     tgt = torch.randint(0, size["vocab"], (size["batch"], size["seq"]), device=device)

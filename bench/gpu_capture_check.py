@@ -33,6 +33,7 @@ for path in (os.path.join(ROOT, "capture"), ROOT):
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from gpt_model import GPT  # noqa: E402  (bench/ is on sys.path: the scripts run from it)
 
 from tessera import profile  # noqa: E402
 
@@ -43,38 +44,6 @@ def check(ok: bool, what: str) -> None:
     print(f"CHECK {'ok' if ok else 'FAILED'}: {what}", flush=True)
     if not ok:
         FAILED.append(what)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.o = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.up, self.down = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, d = x.shape
-        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, d // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o(y.transpose(1, 2).reshape(b, t, d))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
-
-
-class GPT(nn.Module):
-    def __init__(self, vocab: int, d: int, heads: int, layers: int):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.blocks = nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(d)
-        self.head = nn.Linear(d, vocab, bias=False)
-
-    def forward(self, idx):
-        x = self.emb(idx)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head(self.ln(x))
 
 
 def build(args, device):
