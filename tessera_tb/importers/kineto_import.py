@@ -140,7 +140,12 @@ def _source_format(trace: kineto_decode.RawTrace) -> str:
     return "kineto"
 
 
-def _worker_meta(worker: str, trace: kineto_decode.RawTrace, files: list[str]) -> pb.WorkerMeta:
+def worker_meta_from_trace(
+    worker: str, trace: kineto_decode.RawTrace, files: list[str]
+) -> pb.WorkerMeta:
+    """WorkerMeta from a trace's top-level keys: rank, world size, process groups, devices,
+    versions, clock base and the source format (also used by the capture layer for its
+    first window)."""
     m = trace.meta
     dist = m.get("distributedInfo") or {}
     meta = new_worker_meta(
@@ -248,7 +253,7 @@ def _import_worker(
         warnings.extend(span.warnings)
         if writer is None:
             first_trace = trace
-            meta = _worker_meta(worker, trace, files)
+            meta = worker_meta_from_trace(worker, trace, files)
             pids = collections.Counter(t.pid for t in span.tracks if t.kind == "host_thread")
             if pids:
                 pid = pids.most_common(1)[0][0]

@@ -311,9 +311,9 @@ class StepAssembler:
 
     def _merge_trace_meta(self, trace) -> None:
         """Devices, versions and distributed details from the first window's trace."""
-        from tessera_tb.importers.kineto_import import _worker_meta
+        from tessera_tb.importers.kineto_import import worker_meta_from_trace
 
-        from_trace = _worker_meta(self.meta.worker, trace, [])
+        from_trace = worker_meta_from_trace(self.meta.worker, trace, [])
         meta = self.meta
         if not meta.devices:
             meta.devices.extend(from_trace.devices)
