@@ -40,3 +40,28 @@ def imported_runs(tmp_path_factory):
         return cache[path]
 
     return get
+
+
+def tessera_prof(*args: str, env: dict[str, str] | None = None, timeout: float = 300):
+    """Run `tessera-prof ARGS...` in a fresh interpreter; returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    return subprocess.run(
+        [sys.executable, "-m", "tessera.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
+    )
+
+
+def file_contents(directory) -> dict[str, bytes]:
+    """Every file under `directory`: '/'-separated relative path -> bytes."""
+    out = {}
+    for dirpath, _, files in os.walk(directory):
+        for f in files:
+            p = os.path.join(dirpath, f)
+            with open(p, "rb") as fh:
+                out[os.path.relpath(p, directory).replace(os.sep, "/")] = fh.read()
+    return out

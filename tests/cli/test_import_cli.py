@@ -3,27 +3,20 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from tessera_tb.trace import open_run
-from tests.conftest import SHARED_TRACES
+from tests.conftest import SHARED_TRACES, tessera_prof
 
 DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
 GPT = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", "import", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _cli(*args: str):
+    return tessera_prof("import", *args)
 
 
 def test_steps_and_workers_select_what_is_written(tmp_path):

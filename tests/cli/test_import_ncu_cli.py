@@ -7,37 +7,20 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from tessera_tb.trace import open_run
 from tessera_tb.trace.kernel_counters import load_kernel_counters
-from tests.conftest import DEMO_RUNS, SHARED_TRACES
+from tests.conftest import DEMO_RUNS, SHARED_TRACES, file_contents, tessera_prof
 
 GPT_CSV = os.path.join(SHARED_TRACES, "ncu", "gpt_step_raw.csv")
 MICRO_CSV = os.path.join(SHARED_TRACES, "ncu", "microkernels_raw.csv")
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", "import-ncu", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _snapshot(directory: str) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, files in os.walk(directory):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, directory)] = fh.read()
-    return out
+def _cli(*args: str):
+    return tessera_prof("import-ncu", *args)
 
 
 def _copy_demo(tmp_path, name: str = "gpt_1gpu") -> str:
@@ -145,10 +128,10 @@ def test_the_worker_records_how_counters_were_matched(attached):
 
 
 def test_the_demo_runs_themselves_are_not_modified(tmp_path):
-    before = _snapshot(os.path.join(DEMO_RUNS, "gpt_1gpu"))
+    before = file_contents(os.path.join(DEMO_RUNS, "gpt_1gpu"))
     run_dir = _copy_demo(tmp_path)
     assert _cli(GPT_CSV, run_dir, "-q").returncode == 0
-    assert _snapshot(os.path.join(DEMO_RUNS, "gpt_1gpu")) == before
+    assert file_contents(os.path.join(DEMO_RUNS, "gpt_1gpu")) == before
 
 
 def test_counter_only_stores_counters_without_kernel_links(tmp_path):
@@ -174,11 +157,11 @@ def test_counters_of_other_kernels_are_stored_counter_only(tmp_path):
 def test_existing_counters_are_kept_without_overwrite(tmp_path):
     run_dir = _copy_demo(tmp_path)
     assert _cli(GPT_CSV, run_dir, "-q").returncode == 0
-    before = _snapshot(run_dir)
+    before = file_contents(run_dir)
     proc = _cli(MICRO_CSV, run_dir)
     assert proc.returncode == 2
     assert "--overwrite" in proc.stderr
-    assert _snapshot(run_dir) == before
+    assert file_contents(run_dir) == before
     assert _cli(MICRO_CSV, run_dir, "--overwrite", "-q").returncode == 0
     assert load_kernel_counters(run_dir, "worker0").count == 34
 
@@ -202,14 +185,14 @@ def test_a_run_of_several_workers_needs_worker(tmp_path):
 )
 def test_bad_csvs_exit_2_with_one_line_naming_the_file(tmp_path, content):
     run_dir = _copy_demo(tmp_path)
-    before = _snapshot(run_dir)
+    before = file_contents(run_dir)
     bad = tmp_path / "bad_report.csv"
     bad.write_text(content)
     proc = _cli(str(bad), run_dir)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0]
-    assert _snapshot(run_dir) == before
+    assert file_contents(run_dir) == before
 
 
 def test_a_missing_run_exits_2(tmp_path):

@@ -3,21 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 from tessera_tb.backend import topk
 from tessera_tb.trace import open_run
-from tests.conftest import DEMO_RUNS
+from tests.conftest import DEMO_RUNS, tessera_prof
 
 
-def _report(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", "report", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _report(*args: str):
+    return tessera_prof("report", *args)
 
 
 def test_report_prints_every_section_with_the_backend_numbers():

@@ -7,34 +7,17 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import SHARED_TRACES
+from tests.conftest import SHARED_TRACES, file_contents, tessera_prof
 
 GOOD = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
 GOOD_FILE = next(os.path.join(GOOD, f) for f in os.listdir(GOOD) if f.endswith(".json.gz"))
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", "import", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
-def _snapshot(directory: str) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, files in os.walk(directory):
-        for f in files:
-            p = os.path.join(dirpath, f)
-            with open(p, "rb") as fh:
-                out[os.path.relpath(p, directory)] = fh.read()
-    return out
+def _cli(*args: str):
+    return tessera_prof("import", *args)
 
 
 def _good_events() -> dict:
@@ -111,7 +94,7 @@ def test_failed_overwrite_leaves_the_existing_run_intact(case, tmp_path):
     logdir = tmp_path / "logdir"
     ok = _cli(GOOD, "--logdir", str(logdir), "--run", "r", "-q")
     assert ok.returncode == 0, ok.stderr
-    before = _snapshot(logdir / "r")
+    before = file_contents(logdir / "r")
     # A directory with one good file and one bad file of another worker: the bad one is
     # read after the good one was already converted.
     mixed = tmp_path / "mixed"
@@ -122,7 +105,7 @@ def test_failed_overwrite_leaves_the_existing_run_intact(case, tmp_path):
     proc = _cli(str(mixed), "--logdir", str(logdir), "--run", "r", "--overwrite", "-q")
     assert proc.returncode == 2
     assert problem in proc.stderr
-    assert _snapshot(logdir / "r") == before
+    assert file_contents(logdir / "r") == before
     assert sorted(os.listdir(logdir)) == ["r"]
 
 

@@ -9,7 +9,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 import time
 import uuid
 
@@ -22,7 +21,7 @@ from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import remote
 from tessera_tb.trace.reader import open_run
 from tessera_tb.trace.writer import WorkerWriter
-from tests.conftest import SHARED_TRACES
+from tests.conftest import SHARED_TRACES, file_contents, tessera_prof
 from tests.plugin.conftest import get_json, http_get, start_tensorboard, stop_tensorboard
 
 DDP_TRACES = sorted(glob.glob(os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank", "*.json.gz")))
@@ -58,16 +57,6 @@ def _objects(server, bucket: str, prefix: str) -> dict[str, bytes]:
     return {k[len(prefix) :]: s3.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
 
 
-def _local_files(run_dir: str) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, names in os.walk(run_dir):
-        for n in names:
-            path = os.path.join(dirpath, n)
-            with open(path, "rb") as f:
-                out[os.path.relpath(path, run_dir).replace(os.sep, "/")] = f.read()
-    return out
-
-
 @pytest.fixture(scope="module")
 def local_ddp(tmp_path_factory) -> str:
     """The DDP traces imported into a local logdir (the reference copy)."""
@@ -88,7 +77,7 @@ def s3_ddp(s3_env) -> str:
 def test_an_imported_run_lands_in_the_bucket_file_for_file(s3_ddp, local_ddp, s3_env):
     bucket, prefix = s3_ddp.removeprefix("s3://").split("/", 1)
     in_bucket = _objects(s3_env, bucket, prefix + "/ddp/")
-    local = _local_files(os.path.join(local_ddp, "ddp"))
+    local = file_contents(os.path.join(local_ddp, "ddp"))
     # Event file names carry the host, time and pid of the writer: compare the run's own files.
     step_files = {k: v for k, v in local.items() if k.startswith("plugins/")}
     assert {k: v for k, v in in_bucket.items() if k.startswith("plugins/")} == step_files
@@ -193,14 +182,8 @@ def _one_line_error(proc: subprocess.CompletedProcess, *needles: str) -> None:
         assert n in lines[0], lines[0]
 
 
-def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "tessera.cli.main", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-    )
+def _cli(*args: str, env: dict[str, str]):
+    return tessera_prof(*args, env=env, timeout=120)
 
 
 def test_an_unreachable_endpoint_is_one_clear_error_and_local_runs_keep_working(

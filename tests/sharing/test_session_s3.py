@@ -15,7 +15,8 @@ from tessera_tb.backend import plugin_data
 from tessera_tb.backend.run_index import RunIndex
 from tessera_tb.trace import remote
 from tessera_tb.trace.reader import open_run
-from tests.sharing.test_remote_s3 import _local_files, _objects
+from tests.conftest import file_contents
+from tests.sharing.test_remote_s3 import _objects
 
 torch = pytest.importorskip("torch")
 
@@ -45,7 +46,7 @@ def test_a_session_writes_its_steps_into_the_bucket(s3_env):
     staging = sess.run_dir  # the local copy the session wrote before uploading
     bucket, prefix = logdir.removeprefix("s3://").split("/", 1)
     in_bucket = _objects(s3_env, bucket, prefix + "/exp1/")
-    local = _local_files(staging)
+    local = file_contents(staging)
     assert {k: v for k, v in in_bucket.items() if not k.startswith(".")} == {
         k: v for k, v in local.items() if not k.startswith(".")
     }
