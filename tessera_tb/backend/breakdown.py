@@ -41,7 +41,7 @@ import pandas as pd
 
 from tessera_tb.backend.selection import resolve_steps, resolve_workers, steady_state_step
 from tessera_tb.trace.reader import Run
-from tessera_tb.trace.step import KIND, StepData
+from tessera_tb.trace.step import KIND, LAUNCH_KINDS, StepData
 
 CATEGORIES = (
     "compute",
@@ -62,7 +62,6 @@ DEVICE_CATEGORY_KINDS = {
     "memcpy": KIND["memcpy"],
     "memset": KIND["memset"],
 }
-_LAUNCHER_KINDS = np.array([KIND["runtime"], KIND["driver"]], dtype=np.uint8)
 _HOST_RANGE_KINDS = np.array([KIND["cpu_op"], KIND["annotation"], KIND["region"]], dtype=np.uint8)
 
 Intervals = tuple[np.ndarray, np.ndarray]  # (starts_ns, ends_ns), int64
@@ -108,7 +107,7 @@ def launching_threads(step: StepData) -> set[tuple[str, str]]:
     ev = step.events
     launch = ev["launch"]
     launchers = launch[launch >= 0]
-    launchers = launchers[np.isin(ev["kind"][launchers], _LAUNCHER_KINDS)]
+    launchers = launchers[np.isin(ev["kind"][launchers], LAUNCH_KINDS)]
     tracks = np.unique(ev["track_id"][launchers])
     return {(step.tracks[t].pid, step.tracks[t].tid) for t in tracks.tolist()}
 
@@ -176,7 +175,7 @@ def category_intervals(window: dict[str, np.ndarray]) -> dict[str, Intervals]:
     for name, code in DEVICE_CATEGORY_KINDS.items():
         m = kind == code
         out[name] = (start[m], end[m])
-    m = window["on_launcher"] & np.isin(kind, _LAUNCHER_KINDS)
+    m = window["on_launcher"] & np.isin(kind, LAUNCH_KINDS)
     out["runtime"] = (start[m], end[m])
     m = window["dataloader"]
     out["dataloader"] = (start[m], end[m])

@@ -52,7 +52,7 @@ from tessera_tb.backend.intervals import union_length_ns
 from tessera_tb.backend.selection import resolve_workers, steady_state_step
 from tessera_tb.backend.summary import tensor_core_eligible_kernels
 from tessera_tb.trace.reader import Run
-from tessera_tb.trace.step import KIND, StepData
+from tessera_tb.trace.step import DEVICE_WORK_KINDS, HOST_TREE_KINDS, KIND, StepData
 
 MIN_WIN_PCT = 2.0
 TF32_OVER_FP32_PEAK = 7.0
@@ -76,12 +76,6 @@ DTYPE_BYTES = {
     "ComplexFloat": 8,
     "ComplexDouble": 16,
 }
-_HOST_TREE = np.array(
-    [KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], dtype=np.uint8
-)
-_DEVICE_WORK = np.array(
-    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], dtype=np.uint8
-)
 
 FINDING_COLUMNS = [
     "worker",
@@ -156,7 +150,7 @@ def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
     subtracts its direct children's.
     """
     lo, hi = step.start_ns, step.end_ns
-    dev = np.isin(window["kind"], _DEVICE_WORK) | window["dataloader"]
+    dev = np.isin(window["kind"], DEVICE_WORK_KINDS) | window["dataloader"]
     s = np.clip(window["start_ns"][dev], lo, hi)
     e = np.clip(window["end_ns"][dev], lo, hi)
     keep = e > s
@@ -185,7 +179,7 @@ def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
     ev = step.events
     own = window["source"] == 0
     rows = window["row"][own & window["on_launcher"]]
-    rows = rows[np.isin(ev["kind"][rows], _HOST_TREE)]
+    rows = rows[np.isin(ev["kind"][rows], HOST_TREE_KINDS)]
     start = ev["start_ns"][rows]
     overlap = idle_until(start + ev["dur_ns"][rows]) - idle_until(start)
     self_ns = np.zeros(ev["kind"].size, dtype=np.int64)
@@ -265,7 +259,7 @@ def step_finding_numbers(
 
     kernels = np.flatnonzero(kind == KIND["kernel"])
     launch = ev["launch"][kernels]
-    device_work = np.flatnonzero(np.isin(kind, _DEVICE_WORK) & (ev["launch"] >= 0))
+    device_work = np.flatnonzero(np.isin(kind, DEVICE_WORK_KINDS) & (ev["launch"] >= 0))
     per_launch = np.bincount(ev["launch"][device_work], minlength=kind.size)
     single = launch >= 0
     single[single] = per_launch[launch[single]] == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera_tb.trace.step import KIND, StepData
+from tessera_tb.trace.step import DEVICE_KINDS, KIND, StepData
 
 
 def owning_op_rows(step: StepData) -> np.ndarray:
@@ -25,11 +25,6 @@ def owning_op_rows(step: StepData) -> np.ndarray:
         owner[active] = nxt
         active = active[nxt >= 0]
         active = active[kind[owner[active]] != KIND["cpu_op"]]
-    device_or_host = (ev["launch"] >= 0) | ~np.isin(kind, _UNLAUNCHED_DEVICE_KINDS)
+    device_or_host = (ev["launch"] >= 0) | ~np.isin(kind, DEVICE_KINDS)
     owner[~device_or_host] = -1
     return owner.astype(np.int32)
-
-
-_UNLAUNCHED_DEVICE_KINDS = np.array(
-    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset", "gpu_annotation")], np.uint8
-)

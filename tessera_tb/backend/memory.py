@@ -32,12 +32,9 @@ import pandas as pd
 
 from tessera_tb.backend.selection import iter_selected
 from tessera_tb.trace.reader import Run
-from tessera_tb.trace.step import KIND, StepData, empty_events
+from tessera_tb.trace.step import HOST_TREE_KINDS, KIND, StepData, empty_events
 
 CUDA_DEVICE_TYPE = 1
-_HOST_TREE = np.array(
-    [KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], dtype=np.uint8
-)
 
 
 def _attr_values(step: StepData, key: str, rows: np.ndarray) -> pd.arrays.IntegerArray:
@@ -88,7 +85,7 @@ def innermost_containing(
 
 def _innermost_op(step: StepData, track: np.ndarray, ts_ns: np.ndarray) -> np.ndarray:
     """Innermost cpu op containing each (track, ts): the host-tree node, then up to a cpu_op."""
-    node = innermost_containing(step, _HOST_TREE, track, ts_ns)
+    node = innermost_containing(step, HOST_TREE_KINDS, track, ts_ns)
     kind, parent = step.events["kind"], step.events["parent"]
     active = np.flatnonzero(node >= 0)
     active = active[kind[node[active]] != KIND["cpu_op"]]

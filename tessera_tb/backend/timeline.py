@@ -41,7 +41,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tessera_tb.trace.step import KIND, KIND_NAMES, StepData, canonical_order
+from tessera_tb.trace.step import (
+    DEVICE_KINDS,
+    KIND,
+    KIND_NAMES,
+    LAUNCH_KINDS,
+    StepData,
+    canonical_order,
+)
 
 LANES = ["ops", "python", "device", "gpu_annotations", "other", "instants"]
 _LANE_OF_KIND = np.full(len(KIND_NAMES), LANES.index("other"), dtype=np.uint8)
@@ -54,7 +61,6 @@ _LANE_OF_KIND[KIND["gpu_annotation"]] = LANES.index("gpu_annotations")
 for _k in ("memory", "mark"):
     _LANE_OF_KIND[KIND[_k]] = LANES.index("instants")
 _TREE_LANES = (LANES.index("ops"), LANES.index("python"))
-_LAUNCHERS = np.array([KIND["runtime"], KIND["driver"]], dtype=np.uint8)
 
 DEFAULT_MAX_ITEMS = 5000
 
@@ -528,7 +534,7 @@ def _flows(indexes, track_maps, events, origin, max_items) -> dict[str, list]:
         drawn = events["row"][events["k"] == k]
         device = drawn[ev["launch"][drawn] >= 0]
         pairs = [np.stack([ev["launch"][device].astype(np.int64), device])]
-        calls = drawn[np.isin(ev["kind"][drawn], _LAUNCHERS)]
+        calls = drawn[np.isin(ev["kind"][drawn], LAUNCH_KINDS)]
         if calls.size:
             a = np.searchsorted(ix.launched_by, calls, side="left")
             b = np.searchsorted(ix.launched_by, calls, side="right")
@@ -683,13 +689,13 @@ def event_detail(step: StepData | TimelineIndex, row: int) -> dict[str, Any]:
         p = int(ev["parent"][p])
     parents.reverse()
     launch = int(ev["launch"][row])
-    if ev["kind"][row] in _LAUNCHERS:
+    if ev["kind"][row] in LAUNCH_KINDS:
         launched = index.launched_rows(row) if index else np.flatnonzero(ev["launch"] == row)
     else:
         launched = np.zeros(0, dtype=np.int64)
     # Owning op: climb from the event (or its launching call) to the first cpu_op.
     cur = launch if launch >= 0 else row
-    if launch < 0 and ev["kind"][row] in _DEVICE_ONLY:
+    if launch < 0 and ev["kind"][row] in DEVICE_KINDS:
         cur = -1
     while cur >= 0 and ev["kind"][cur] != KIND["cpu_op"]:
         cur = int(ev["parent"][cur])
@@ -726,8 +732,3 @@ def event_detail(step: StepData | TimelineIndex, row: int) -> dict[str, Any]:
         "launches": [_brief(step, int(r)) for r in launched],
         "owning_op": _brief(step, cur) if cur >= 0 else None,
     }
-
-
-_DEVICE_ONLY = np.array(
-    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset", "gpu_annotation")], np.uint8
-)

@@ -38,15 +38,7 @@ import pandas as pd
 from tessera_tb.backend.linkage import owning_op_rows
 from tessera_tb.backend.selection import iter_selected
 from tessera_tb.trace.reader import Run
-from tessera_tb.trace.step import KIND, StepData
-
-HOST_TREE_KINDS = np.array(
-    [KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], dtype=np.uint8
-)
-DEVICE_WORK_KINDS = np.array(
-    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], dtype=np.uint8
-)
-KERNEL_KINDS = np.array([KIND["kernel"], KIND["collective"]], dtype=np.uint8)
+from tessera_tb.trace.step import DEVICE_WORK_KINDS, HOST_TREE_KINDS, KERNEL_KINDS, KIND, StepData
 
 OTHER_NAME = "(other)"
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_tb.backend.intervals import union_length_ns
-from tessera_tb.trace.step import KIND, StepData
+from tessera_tb.trace.step import DEVICE_WORK_KINDS, StepData
 
 # Device work that makes a GPU busy. gpu_user_annotation labels are excluded (METRICS.md).
-BUSY_KINDS = np.array(
-    [KIND["kernel"], KIND["collective"], KIND["memcpy"], KIND["memset"]], dtype=np.uint8
-)
 
 
 def gpu_busy_pct_by_device(step: StepData) -> dict[int, float]:
@@ -19,7 +16,7 @@ def gpu_busy_pct_by_device(step: StepData) -> dict[int, float]:
     if span <= 0:
         return {}
     ev = step.events
-    busy = np.isin(ev["kind"], BUSY_KINDS)
+    busy = np.isin(ev["kind"], DEVICE_WORK_KINDS)
     if not busy.any():
         return {}
     device_of_track = np.array([t.device for t in step.tracks], dtype=np.int64)

@@ -38,12 +38,9 @@ import msgspec
 import numpy as np
 
 from tessera_tb.trace.atomic import write_bytes_atomic
-from tessera_tb.trace.step import KIND, KIND_NAMES, StepData
+from tessera_tb.trace.step import DEVICE_WORK_KINDS, KIND, KIND_NAMES, StepData
 
 INSTANT_KINDS = {KIND["mark"], KIND["memory"]}
-LAUNCHED_KINDS = np.array(
-    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], dtype=np.uint8
-)
 FLOW_CATEGORY = "ac2g"
 _SYNTHETIC_BASE = 1_000_000_000  # pids/tids made up for GPUs, labels and sub-tracks
 
@@ -243,7 +240,7 @@ def chrome_trace(
         out.append(e)
 
     # Launch flows: runtime/driver call -> device event.
-    launched = np.flatnonzero(np.isin(a["kind"], LAUNCHED_KINDS) & (a["launch"] >= 0))
+    launched = np.flatnonzero(np.isin(a["kind"], DEVICE_WORK_KINDS) & (a["launch"] >= 0))
     for flow_id, r in enumerate(launched.tolist(), start=1):
         call = int(a["launch"][r])
         out.append({"ph": "s", "id": flow_id, "cat": FLOW_CATEGORY, "name": "launch",

@@ -22,7 +22,16 @@ import numpy as np
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace
 from tessera_tb.trace.errors import TraceFormatError
-from tessera_tb.trace.step import KIND, Attr, StepData, TrackInfo
+from tessera_tb.trace.step import (
+    DEVICE_KINDS,
+    DEVICE_WORK_KINDS,
+    HOST_TREE_KINDS,
+    KIND,
+    LAUNCH_KINDS,
+    Attr,
+    StepData,
+    TrackInfo,
+)
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(-?\d+)$")
 _STEP_CATS = {"user_annotation", "operator"}
@@ -49,11 +58,8 @@ _CAT_KIND = {
     "overhead": "overhead",
     "cpu_instant_event": "mark",
 }
-_DEVICE_KINDS = {KIND[k] for k in ("kernel", "collective", "memcpy", "memset", "gpu_annotation")}
-_DEVICE_KINDS.add(KIND["profiler_range"])
-_DEVICE_WORK = np.array([KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], np.uint8)
-_HOST_TREE = np.array([KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], np.uint8)
-_LAUNCHERS = np.array([KIND["runtime"], KIND["driver"]], np.uint8)
+# Events that put their track on a device (range-profiler events sit on a device track too).
+_DEVICE_TRACK_KINDS = np.append(DEVICE_KINDS, np.uint8(KIND["profiler_range"]))
 _COLLECTIVE_PREFIXES = ("nccl", "rccl")
 
 
@@ -126,7 +132,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     step_of = np.clip(np.searchsorted(host_start, start_ns, side="right") - 1, 0, n_steps - 1)
     launched = launch >= 0
     step_of[launched] = step_of[launch[launched]]
-    device_work = np.isin(kind, _DEVICE_WORK)
+    device_work = np.isin(kind, DEVICE_WORK_KINDS)
     work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(work_end, step_of[device_work], (start_ns + dur_ns)[device_work])
     span_end = np.maximum(host_end, work_end)
@@ -198,7 +204,7 @@ def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple
 
 def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events) -> list[TrackInfo]:
     n_tracks = len(tracks.keys)
-    device_like = np.isin(kind, list(_DEVICE_KINDS))
+    device_like = np.isin(kind, _DEVICE_TRACK_KINDS)
     host_like = ~device_like & (kind != KIND["trace_span"]) & (kind != KIND["other"])
     n_device = np.bincount(track_id[device_like], minlength=n_tracks)
     n_host = np.bincount(track_id[host_like], minlength=n_tracks)
@@ -325,7 +331,7 @@ def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndar
     parent = np.full(kind.size, -1, dtype=np.int32)
     end = start_ns + dur_ns
     _tree_parents(
-        np.flatnonzero(np.isin(kind, _HOST_TREE)), start_ns, end, track_id, external_id, parent
+        np.flatnonzero(np.isin(kind, HOST_TREE_KINDS)), start_ns, end, track_id, external_id, parent
     )
     _tree_parents(
         np.flatnonzero(kind == KIND["python"]), start_ns, end, track_id, external_id, parent
@@ -336,8 +342,8 @@ def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndar
 def _launch_links(kind: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     """For each device event, the row of the runtime/driver call with the same correlation."""
     launch = np.full(kind.size, -1, dtype=np.int32)
-    launchers = np.flatnonzero(np.isin(kind, _LAUNCHERS) & (correlation != 0))
-    devices = np.flatnonzero(np.isin(kind, _DEVICE_WORK) & (correlation != 0))
+    launchers = np.flatnonzero(np.isin(kind, LAUNCH_KINDS) & (correlation != 0))
+    devices = np.flatnonzero(np.isin(kind, DEVICE_WORK_KINDS) & (correlation != 0))
     if launchers.size == 0 or devices.size == 0:
         return launch
     order = np.argsort(correlation[launchers], kind="stable")

@@ -17,10 +17,17 @@ from tessera_tb.proto import trace_pb2 as pb
 # EventKind values by name, and names by value (for frames and messages).
 KIND = {name.lower().removeprefix("kind_"): value for name, value in pb.EventKind.items()}
 KIND_NAMES = np.array(sorted(KIND, key=KIND.get), dtype=object)
-DEVICE_KINDS = np.array(
-    [KIND[k] for k in ("kernel", "memcpy", "memset", "collective", "gpu_annotation")],
-    dtype=np.uint8,
+
+# Groups of kinds the definitions of METRICS.md speak of.
+DEVICE_WORK_KINDS = np.array(  # busy time, device self time, launched work
+    [KIND[k] for k in ("kernel", "collective", "memcpy", "memset")], np.uint8
 )
+DEVICE_KINDS = np.append(DEVICE_WORK_KINDS, np.uint8(KIND["gpu_annotation"]))  # device timeline
+KERNEL_KINDS = np.array([KIND["kernel"], KIND["collective"]], np.uint8)
+HOST_TREE_KINDS = np.array(  # the host op tree ("Steps and nesting")
+    [KIND[k] for k in ("cpu_op", "annotation", "runtime", "driver")], np.uint8
+)
+LAUNCH_KINDS = np.array([KIND["runtime"], KIND["driver"]], np.uint8)  # launch linkage
 
 # Event columns and their stored dtypes. `start_ns` is epoch ns in memory.
 EVENT_COLUMNS = {
