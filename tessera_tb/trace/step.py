@@ -176,14 +176,16 @@ class StepData:
         track_id, correlation, external_id, parent, launch.
         """
         ev = self.events
-        cats = pd.Index(self.strings)
+        strings = pd.Index(self.strings)
+        if not strings.is_unique:
+            raise ValueError("string table has duplicate entries")
         df = pd.DataFrame(
             {
                 "start_ns": ev["start_ns"],
                 "dur_ns": ev["dur_ns"],
                 "end_ns": ev["start_ns"] + ev["dur_ns"],
-                "name": pd.Categorical.from_codes(ev["name_id"], categories=_unique_index(cats)),
-                "cat": pd.Categorical.from_codes(ev["cat_id"], categories=_unique_index(cats)),
+                "name": pd.Categorical.from_codes(ev["name_id"], categories=strings),
+                "cat": pd.Categorical.from_codes(ev["cat_id"], categories=strings),
                 "kind": pd.Categorical.from_codes(
                     ev["kind"].astype(np.int16), categories=list(KIND_NAMES)
                 ),
@@ -195,17 +197,6 @@ class StepData:
             }
         )
         return df
-
-    def tracks_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([t.__dict__ for t in self.tracks])
-
-
-def _unique_index(strings: pd.Index) -> pd.Index:
-    # Categorical categories must be unique; the writer's string tables are, but a
-    # hand-made StepData may not be. Fall back to codes-as-labels only if needed.
-    if strings.is_unique:
-        return strings
-    raise ValueError("string table has duplicate entries")
 
 
 def empty_events(n: int = 0) -> dict[str, np.ndarray]:
