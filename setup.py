@@ -1,9 +1,20 @@
 """One distribution, two import packages: tessera_tb (trace processing + plugin) and tessera."""
 
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 _TB_PACKAGES = find_packages(include=["tessera_tb", "tessera_tb.*"])
 _CAPTURE_PACKAGES = find_packages(where="capture", include=["tessera", "tessera.*"])
+
+# The Kineto trace scanner in C (tessera_tb/importers/_kineto_scan.c): it reads a trace's
+# events straight into columns, several times faster than decoding them into Python objects.
+# Optional: where no C compiler is at hand the install goes on without it, and the importer
+# takes its pure-Python path (same results, slower; docs/ARCHITECTURE.md).
+_SCANNER = Extension(
+    "tessera_tb.importers._kineto_scan",
+    sources=["tessera_tb/importers/_kineto_scan.c"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
 
 setup(
     name="tessera-profiler",
@@ -15,6 +26,7 @@ setup(
     python_requires=">=3.10",
     packages=_TB_PACKAGES + _CAPTURE_PACKAGES,
     package_dir={"tessera": "capture/tessera"},
+    ext_modules=[_SCANNER],
     package_data={"tessera_tb": ["proto/*.proto", "proto/*.pyi", "frontend/*"]},
     install_requires=[
         "tensorboard>=2.21",

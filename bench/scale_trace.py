@@ -44,7 +44,7 @@ import time
 import zlib
 from typing import Any
 
-import orjson
+import msgspec
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(\d+)$")
 _HOST_STEP_CATS = {"user_annotation", "operator"}
@@ -215,7 +215,7 @@ def _write(trace: dict, out, chunk_events: int = 20_000) -> None:
         for i in range(0, len(value), chunk_events):
             if i:
                 out.write(b",\n")
-            out.write(b",\n".join(map(orjson.dumps, value[i : i + chunk_events])))
+            out.write(b",\n".join(map(msgspec.json.encode, value[i : i + chunk_events])))
         out.write(b"\n]")
     out.write(b"}\n")
 
@@ -245,7 +245,7 @@ def scale_trace(
 ) -> int:
     """Write the scaled trace to `out_path` (gzip); returns its number of events."""
     with gzip.open(in_path, "rb") if in_path.endswith(".gz") else open(in_path, "rb") as f:
-        trace = orjson.loads(f.read())
+        trace = msgspec.json.decode(f.read())
     if isinstance(trace, list):
         trace = {"traceEvents": trace}
     events = scale_events(trace["traceEvents"], factor, one_step=one_step, gap_us=gap_us)

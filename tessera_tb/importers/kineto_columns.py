@@ -214,13 +214,7 @@ class _Accumulator:
         self.n_slices += n
 
     def _check_finite(self, values: np.ndarray, index: np.ndarray, name: str) -> None:
-        bad = np.flatnonzero(~np.isfinite(values))
-        if bad.size:
-            raise TraceFormatError(
-                self.path,
-                f"traceEvents[{int(index[bad[0]])}] has no numeric {name!r} "
-                f"({bad.size} such events)",
-            )
+        check_finite(self.path, values, index, name)
 
     def _add_args(self, args_list, rows, correlation, external_id) -> None:
         dicts = [a or _EMPTY for a in args_list]
@@ -268,13 +262,7 @@ class _Accumulator:
         return _AttrPart(rows, "json", self._intern_json(v))
 
     def _intern_json(self, values: np.ndarray) -> np.ndarray:
-        """Ids of the compact JSON texts of values (lists, mixed types): encoded in C, hashed
-        as bytes, and decoded to str once per distinct text (shapes repeat a lot)."""
-        codes, uniques = factorize(list(map(_JSON.encode, values)))
-        lookup = np.fromiter(
-            (self.strings.intern(u.decode()) for u in uniques), dtype=np.int32, count=len(uniques)
-        )
-        return lookup[codes]
+        return intern_json(self.strings, values)
 
     def _add_flows(self, offset, events, idx) -> None:
         pts = [events[i] for i in idx.tolist()]
@@ -330,27 +318,52 @@ class _Accumulator:
         )
 
     def _merge(self, key: str, parts: list[_AttrPart]) -> Attr:
-        """One attribute column from its per-batch parts; a key whose values differ in type
-        across parts (AMD's "stream": "0x0" on runtime calls, 0 on kernels) becomes JSON."""
-        rows = np.concatenate([p.rows for p in parts])
-        types = {p.type for p in parts}
-        if len(types) == 1:
-            kind = types.pop()
-            return Attr(key, kind, rows, np.concatenate([p.values for p in parts]))
-        if types == {"int64", "float64"}:
-            return Attr(
-                key, "float64", rows, np.concatenate([p.values.astype(np.float64) for p in parts])
-            )
-        texts: list[str] = []
-        for p in parts:
-            if p.type in ("string", "json"):
-                strs = [self.strings.strings[i] for i in p.values.tolist()]
-                texts.extend(strs if p.type == "json" else map(_json_text, strs))
-            elif p.type == "bool":
-                texts.extend("true" if b else "false" for b in p.values.tolist())
-            else:
-                texts.extend(map(_json_text, p.values.tolist()))
-        return Attr(key, "json", rows, self.strings.intern_many(texts))
+        return _merge_parts(key, parts, self.strings)
+
+
+def _merge_parts(key: str, parts: list[_AttrPart], strings: StringTable) -> Attr:
+    """One attribute column from its per-batch parts; a key whose values differ in type
+    across parts (AMD's "stream": "0x0" on runtime calls, 0 on kernels) becomes JSON."""
+    rows = np.concatenate([p.rows for p in parts])
+    types = {p.type for p in parts}
+    if len(types) == 1:
+        kind = types.pop()
+        return Attr(key, kind, rows, np.concatenate([p.values for p in parts]))
+    if types == {"int64", "float64"}:
+        return Attr(
+            key, "float64", rows, np.concatenate([p.values.astype(np.float64) for p in parts])
+        )
+    texts: list[str] = []
+    for p in parts:
+        if p.type in ("string", "json"):
+            strs = [strings.strings[i] for i in p.values.tolist()]
+            texts.extend(strs if p.type == "json" else map(_json_text, strs))
+        elif p.type == "bool":
+            texts.extend("true" if b else "false" for b in p.values.tolist())
+        else:
+            texts.extend(map(_json_text, p.values.tolist()))
+    return Attr(key, "json", rows, strings.intern_many(texts))
+
+
+def check_finite(path: str, values: np.ndarray, index: np.ndarray, name: str) -> None:
+    """A TraceFormatError naming the first event whose `name` (ts, dur) is missing or not a
+    finite number."""
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        raise TraceFormatError(
+            path,
+            f"traceEvents[{int(index[bad[0]])}] has no numeric {name!r} ({bad.size} such events)",
+        )
+
+
+def intern_json(strings: StringTable, values) -> np.ndarray:
+    """Ids of the compact JSON texts of values (lists, mixed types): encoded in C, hashed
+    as bytes, and decoded to str once per distinct text (shapes repeat a lot)."""
+    codes, uniques = factorize(list(map(_JSON.encode, values)))
+    lookup = np.fromiter(
+        (strings.intern(u.decode()) for u in uniques), dtype=np.int32, count=len(uniques)
+    )
+    return lookup[codes]
 
 
 def _json_text(value: Any) -> str:
@@ -358,6 +371,12 @@ def _json_text(value: Any) -> str:
 
 
 def span_columns(trace: RawTrace, strings: StringTable, base_ns: int) -> SpanColumns:
+    """Every slice and flow point of a decoded trace as columns (from the C scanner's
+    columns when it read the file, else from RawEvent batches)."""
+    if trace.scan is not None:
+        from tessera_tb.importers.kineto_scanned import scanned_span_columns
+
+        return scanned_span_columns(trace, strings, base_ns)
     acc = _Accumulator(trace.path, strings, base_ns)
     with gc_paused():
         for offset, events in trace.iter_chunks():

@@ -3,16 +3,24 @@
 Handles `.json` and `.json.gz`, the current format (lower-case categories,
 `baseTimeNanoseconds`, relative `ts`), the 2022 transitional one and the pre-2022 one
 (absolute `ts`, string tids). Every problem is a TraceFormatError naming the file.
+
+Two ways to read the events, with the same results:
+- the C scanner (`_kineto_scan`, built at install when a C compiler is present) reads the
+  `traceEvents` text once into columns, with no Python object per event;
+- the pure-Python path decodes events into `RawEvent` structs with msgspec, a batch at a
+  time. It is used when the scanner is not built, when TESSERA_PURE_PYTHON=1, and for input
+  the scanner declines (malformed events among them: this path names the problem).
 """
 
 from __future__ import annotations
 
 import gc
 import gzip
+import os
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -42,7 +50,19 @@ KINETO_SCHEMA_MAX = 1
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[RawEvent])
+_EVENT = msgspec.json.Decoder(RawEvent)
 _ANY = msgspec.json.Decoder()
+
+try:
+    from tessera_tb.importers import _kineto_scan
+except ImportError:  # built without a C compiler: the pure-Python path reads everything
+    _kineto_scan = None
+
+
+def scanner_available() -> bool:
+    """Whether the C scanner is built and not switched off (TESSERA_PURE_PYTHON=1)."""
+    return _kineto_scan is not None and os.environ.get("TESSERA_PURE_PYTHON", "") in ("", "0")
+
 
 # Events are decoded into Python objects this many at a time and turned into columns
 # before the next batch, so peak memory holds the JSON text plus one batch of objects
@@ -66,9 +86,41 @@ def gc_paused():
 @dataclass
 class RawTrace:
     path: str
-    raw_events: list[msgspec.Raw]  # each entry of traceEvents, undecoded
+    events_text: bytes | msgspec.Raw  # the JSON text of traceEvents
     meta: dict[str, Any]  # every top-level key but traceEvents
     json_bytes: int
+    scan: dict[str, Any] | None = None  # the C scanner's columns, when it read the events
+    _raw_events: list[msgspec.Raw] | None = field(default=None, repr=False)
+
+    @property
+    def raw_events(self) -> list[msgspec.Raw]:
+        """Each entry of traceEvents, undecoded (split on first use)."""
+        if self._raw_events is None:
+            self._raw_events = _split_events(self.path, self.events_text)
+        return self._raw_events
+
+    @property
+    def event_count(self) -> int:
+        return self.scan["n"] if self.scan is not None else len(self.raw_events)
+
+    def decode_event(self, index: int) -> RawEvent:
+        """One event as a RawEvent (the scanner path keeps each event's byte range)."""
+        if self.scan is None:
+            return _EVENT.decode(self.raw_events[index])
+        start = int.from_bytes(self.scan["ev_start"][8 * index : 8 * index + 8], "little")
+        end = int.from_bytes(self.scan["ev_end"][8 * index : 8 * index + 8], "little")
+        return _EVENT.decode(memoryview(self.events_text)[start:end])
+
+    def first_categories(self, count: int) -> set[str]:
+        """The categories of the first `count` events."""
+        if self.scan is not None:
+            import numpy as np
+
+            cats = np.unique(np.frombuffer(self.scan["cat"], dtype=np.int32)[:count])
+            return {self.scan["strings"][c] for c in cats.tolist()}
+        for _, events in self.iter_chunks(size=count):
+            return {e.cat for e in events}
+        return set()
 
     def iter_chunks(self, size: int | None = None) -> Iterator[tuple[int, list[RawEvent]]]:
         """(index of the first event, decoded events) for consecutive batches of events."""
@@ -130,8 +182,29 @@ def _describe_validation(exc: msgspec.ValidationError, offset: int = 0) -> str:
     return msg
 
 
+def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.Raw]:
+    with gc_paused():
+        try:
+            return _RAW_LIST.decode(events_text)
+        except msgspec.ValidationError as exc:
+            raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+
+
+def _scan(events_text: bytes | msgspec.Raw) -> dict[str, Any] | None:
+    """The scanner's columns, or None where the pure-Python path must read the events."""
+    if not scanner_available():
+        return None
+    try:
+        return _kineto_scan.scan_events(events_text)
+    except _kineto_scan.Unsupported:
+        return None
+
+
 def decode(path: str, data: bytes) -> RawTrace:
-    """Split the JSON text of a trace file into its metadata and its undecoded events."""
+    """Split the JSON text of a trace file into its metadata and its events (scanned into
+    columns by the C scanner where it can, else split into undecoded entries)."""
     stripped = data.lstrip()
     if not stripped:
         raise TraceFormatError(path, "empty file, expected a JSON trace")
@@ -139,17 +212,18 @@ def decode(path: str, data: bytes) -> RawTrace:
         try:
             if stripped[:1] == b"[":
                 top: dict[str, Any] = {}
-                events_raw: bytes | msgspec.Raw = data
+                events_text: bytes | msgspec.Raw = data
             else:
                 top = _TOP.decode(data)
                 if "traceEvents" not in top:
                     raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
-                events_raw = top.pop("traceEvents")
-            raw_events = _RAW_LIST.decode(events_raw)
+                events_text = top.pop("traceEvents")
         except msgspec.ValidationError as exc:
             raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+        scan = _scan(events_text)
+        raw_events = None if scan is not None else _split_events(path, events_text)
         meta = {k: _ANY.decode(v) for k, v in top.items()}
     version = meta.get("schemaVersion", 1)
     if not isinstance(version, int) or version > KINETO_SCHEMA_MAX:
@@ -158,7 +232,14 @@ def decode(path: str, data: bytes) -> RawTrace:
             f"schemaVersion {version} is newer than the Kineto trace formats this importer "
             f"reads (up to {KINETO_SCHEMA_MAX}): upgrade tessera-profiler",
         )
-    return RawTrace(path=path, raw_events=raw_events, meta=meta, json_bytes=len(data))
+    return RawTrace(
+        path=path,
+        events_text=events_text,
+        meta=meta,
+        json_bytes=len(data),
+        scan=scan,
+        _raw_events=raw_events,
+    )
 
 
 def read_trace(path: str) -> RawTrace:

@@ -129,10 +129,7 @@ def parse_steps(spec: str) -> set[int]:
 
 
 def _source_format(trace: kineto_decode.RawTrace) -> str:
-    cats: set[str] = set()
-    for _, events in trace.iter_chunks(size=5000):
-        cats = {e.cat for e in events}
-        break
+    cats = trace.first_categories(5000)
     if cats & {"Operator", "Kernel", "Runtime"}:
         return "kineto-2021"
     if "async_cpu_to_gpu" in cats:

@@ -1,0 +1,856 @@
+/* One pass over a Kineto trace's `traceEvents` JSON array, straight into columns.
+ *
+ * The pure-Python importer decodes every event into a Python object and then copies its
+ * fields into numpy columns; on a 600k-event trace that is most of the import. This module
+ * reads the JSON text once and writes the fields the importer keeps into flat arrays, with
+ * every string interned once per file. It makes no Python object per event.
+ *
+ * It reads exactly what `kineto_decode.RawEvent` accepts (ph, cat, name: strings; pid, tid:
+ * integer or string; ts, dur: number or null; id: integer, string or null; s, bp: strings;
+ * args: object or null; any other key: any JSON value). Anything else, and the few valid
+ * inputs it does not handle (a repeated key inside one `args`, nesting deeper than 512, a
+ * number longer than 96 characters, a pid or tid beyond 64 bits), raises `Unsupported`: the
+ * importer then takes the pure-Python path, which reads those or names the problem.
+ *
+ * Result of scan_events(buffer): a dict of
+ *   n          number of events
+ *   strings    list[str], the file's string table (index 0 is "")
+ *   ev_start, ev_end   int64 byte offsets of each event's object in the buffer
+ *   ph, cat, name, pid, tid   int32 string ids (pid/tid numbers as their decimal text)
+ *   ts, dur    float64 microseconds, NaN when missing or null
+ *   id_val     int64 flow id (0 when missing or null); id_sid int32 string id of a string id, else -1
+ *   arg_ev, arg_key, arg_type, arg_val: one row per argument (event index, key's string id,
+ *              type code, payload: int64 value, float64 bits, or a string id)
+ * Columns are bytearrays (native byte order), for numpy.frombuffer.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Argument type codes (kineto_columns.py mirrors them). */
+enum { T_NULL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STR = 5, T_RAW = 6, T_BIGINT = 7 };
+
+#define MAX_DEPTH 512
+#define MAX_NUMBER_CHARS 96
+#define MAX_ARGS_PER_EVENT 4096
+
+static PyObject *Unsupported;
+
+/* ------------------------------------------------------------------ growable buffers */
+
+typedef struct {
+    char *p;
+    size_t len, cap;
+} Buf;
+
+static int buf_reserve(Buf *b, size_t extra) {
+    if (b->len + extra <= b->cap) return 0;
+    size_t cap = b->cap ? b->cap : 4096;
+    while (cap < b->len + extra) cap *= 2;
+    char *p = realloc(b->p, cap);
+    if (!p) return -1;
+    b->p = p;
+    b->cap = cap;
+    return 0;
+}
+
+static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (buf_reserve(b, n)) return -1;
+    memcpy(b->p + b->len, src, n);
+    b->len += n;
+    return 0;
+}
+
+#define PUT(buf, type, value)                       \
+    do {                                            \
+        type v_ = (value);                          \
+        if (buf_put(&(buf), &v_, sizeof v_)) goto nomem; \
+    } while (0)
+
+/* ------------------------------------------------------------------ string interner */
+
+typedef struct {
+    Buf arena;       /* the bytes of every distinct string */
+    Buf offs;        /* size_t offset of string i in the arena */
+    Buf lens;        /* size_t length of string i */
+    int32_t *table;  /* open addressing: id + 1, 0 = empty */
+    uint64_t *hashes;
+    size_t mask;
+    int32_t count;
+} Interner;
+
+static uint64_t hash_bytes(const char *s, size_t n) {
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, s + i, 8);
+        h = (h ^ w) * 1099511628211ULL;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    h ^= h >> 32;
+    return h;
+}
+
+static int interner_init(Interner *in) {
+    memset(in, 0, sizeof *in);
+    in->mask = 4096 - 1;
+    in->table = calloc(in->mask + 1, sizeof(int32_t));
+    in->hashes = calloc(in->mask + 1, sizeof(uint64_t));
+    return (in->table && in->hashes) ? 0 : -1;
+}
+
+static void interner_free(Interner *in) {
+    free(in->arena.p);
+    free(in->offs.p);
+    free(in->lens.p);
+    free(in->table);
+    free(in->hashes);
+}
+
+static int interner_grow(Interner *in) {
+    size_t size = (in->mask + 1) * 2;
+    int32_t *table = calloc(size, sizeof(int32_t));
+    uint64_t *hashes = calloc(size, sizeof(uint64_t));
+    if (!table || !hashes) {
+        free(table);
+        free(hashes);
+        return -1;
+    }
+    for (size_t i = 0; i <= in->mask; i++) {
+        if (!in->table[i]) continue;
+        size_t j = in->hashes[i] & (size - 1);
+        while (table[j]) j = (j + 1) & (size - 1);
+        table[j] = in->table[i];
+        hashes[j] = in->hashes[i];
+    }
+    free(in->table);
+    free(in->hashes);
+    in->table = table;
+    in->hashes = hashes;
+    in->mask = size - 1;
+    return 0;
+}
+
+/* The id of string s[0:n], adding it if new; -1 when out of memory. */
+static int32_t intern(Interner *in, const char *s, size_t n) {
+    uint64_t h = hash_bytes(s, n);
+    size_t j = h & in->mask;
+    const size_t *offs = (const size_t *)in->offs.p;
+    const size_t *lens = (const size_t *)in->lens.p;
+    while (in->table[j]) {
+        int32_t id = in->table[j] - 1;
+        if (in->hashes[j] == h && lens[id] == n && memcmp(in->arena.p + offs[id], s, n) == 0)
+            return id;
+        j = (j + 1) & in->mask;
+    }
+    if (in->count == INT32_MAX - 1) return -1;
+    size_t off = in->arena.len;
+    if (buf_put(&in->arena, s, n) || buf_put(&in->offs, &off, sizeof off) ||
+        buf_put(&in->lens, &n, sizeof n))
+        return -1;
+    int32_t id = in->count++;
+    in->table[j] = id + 1;
+    in->hashes[j] = h;
+    if ((size_t)in->count * 2 > in->mask && interner_grow(in)) return -1;
+    return id;
+}
+
+/* ------------------------------------------------------------------ the scanner */
+
+typedef struct {
+    const char *base, *p, *end;
+    Interner strs;
+    Buf scratch; /* a decoded string with escapes */
+    Buf raw;     /* a nested argument value's compact text */
+    Buf ev_start, ev_end, ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
+    Buf arg_ev, arg_key, arg_type, arg_val;
+    int32_t arg_keys_seen[MAX_ARGS_PER_EVENT];
+    int64_t n;
+    int32_t zero_id;
+    char why[160]; /* set when the input is not read here */
+    int nomem;
+    PyThreadState *unlocked; /* the GIL is released while scanning */
+} Scan;
+
+static int fail(Scan *s, const char *what) {
+    if (!s->why[0])
+        snprintf(s->why, sizeof s->why, "traceEvents[%lld] at byte %lld: %s", (long long)s->n,
+                 (long long)(s->p - s->base), what);
+    return -1;
+}
+
+static inline void skip_ws(Scan *s) {
+    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
+        s->p++;
+}
+
+static int hexval(char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+static int read_hex4(Scan *s, const char *q, unsigned *out) {
+    if (s->end - q < 4) return -1;
+    unsigned v = 0;
+    for (int i = 0; i < 4; i++) {
+        int h = hexval(q[i]);
+        if (h < 0) return -1;
+        v = v * 16 + (unsigned)h;
+    }
+    *out = v;
+    return 0;
+}
+
+static int put_utf8(Buf *b, unsigned cp) {
+    char u[4];
+    size_t n;
+    if (cp < 0x80) {
+        u[0] = (char)cp;
+        n = 1;
+    } else if (cp < 0x800) {
+        u[0] = (char)(0xC0 | (cp >> 6));
+        u[1] = (char)(0x80 | (cp & 0x3F));
+        n = 2;
+    } else if (cp < 0x10000) { /* lone surrogates too, as Python's "surrogatepass" reads them */
+        u[0] = (char)(0xE0 | (cp >> 12));
+        u[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[2] = (char)(0x80 | (cp & 0x3F));
+        n = 3;
+    } else {
+        u[0] = (char)(0xF0 | (cp >> 18));
+        u[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        u[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        u[3] = (char)(0x80 | (cp & 0x3F));
+        n = 4;
+    }
+    return buf_put(b, u, n);
+}
+
+/* A JSON string at s->p (the opening quote). Points out and n at its decoded bytes: into
+ * the input when it has no escapes, else into s->scratch. */
+static int read_string(Scan *s, const char **out, size_t *n) {
+    const char *q = ++s->p;
+    while (q < s->end && *q != '"' && *q != '\\' && (unsigned char)*q >= 0x20) q++;
+    if (q >= s->end) return fail(s, "unterminated string");
+    if (*q == '"') {
+        *out = s->p;
+        *n = (size_t)(q - s->p);
+        s->p = q + 1;
+        return 0;
+    }
+    if ((unsigned char)*q < 0x20) return fail(s, "control character in a string");
+    s->scratch.len = 0;
+    if (buf_put(&s->scratch, s->p, (size_t)(q - s->p))) return s->nomem = 1, -1;
+    while (1) {
+        if (q >= s->end) return fail(s, "unterminated string");
+        char c = *q;
+        if (c == '"') break;
+        if ((unsigned char)c < 0x20) return fail(s, "control character in a string");
+        if (c != '\\') {
+            const char *r = q;
+            while (r < s->end && *r != '"' && *r != '\\' && (unsigned char)*r >= 0x20) r++;
+            if (buf_put(&s->scratch, q, (size_t)(r - q))) return s->nomem = 1, -1;
+            q = r;
+            continue;
+        }
+        if (++q >= s->end) return fail(s, "unterminated string");
+        char e = *q++;
+        char lit;
+        switch (e) {
+            case '"': lit = '"'; break;
+            case '\\': lit = '\\'; break;
+            case '/': lit = '/'; break;
+            case 'b': lit = '\b'; break;
+            case 'f': lit = '\f'; break;
+            case 'n': lit = '\n'; break;
+            case 'r': lit = '\r'; break;
+            case 't': lit = '\t'; break;
+            case 'u': {
+                unsigned cp;
+                if (read_hex4(s, q, &cp)) return fail(s, "bad \\u escape");
+                q += 4;
+                if (cp >= 0xD800 && cp < 0xDC00 && s->end - q >= 6 && q[0] == '\\' && q[1] == 'u') {
+                    unsigned lo;
+                    if (!read_hex4(s, q + 2, &lo) && lo >= 0xDC00 && lo < 0xE000) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        q += 6;
+                    }
+                }
+                if (put_utf8(&s->scratch, cp)) return s->nomem = 1, -1;
+                continue;
+            }
+            default: return fail(s, "bad escape in a string");
+        }
+        if (buf_put(&s->scratch, &lit, 1)) return s->nomem = 1, -1;
+    }
+    *out = s->scratch.p;
+    *n = s->scratch.len;
+    s->p = q + 1;
+    return 0;
+}
+
+static int intern_string(Scan *s, int32_t *id) {
+    const char *str;
+    size_t n;
+    if (read_string(s, &str, &n)) return -1;
+    *id = intern(&s->strs, str, n);
+    if (*id < 0) return s->nomem = 1, -1;
+    return 0;
+}
+
+enum { NUM_INT, NUM_FLOAT, NUM_BIG };
+
+static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                               1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                               1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+
+/* A JSON number at s->p. NUM_INT: *iv holds it; NUM_FLOAT: *dv; NUM_BIG: an integer beyond
+ * int64 (dv holds it as a double). text and tlen: its text. */
+static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char **text,
+                       size_t *tlen) {
+    const char *q = s->p, *start = s->p;
+    int neg = 0;
+    if (q < s->end && *q == '-') neg = 1, q++;
+    if (q >= s->end || *q < '0' || *q > '9') return fail(s, "bad number");
+    uint64_t mant = 0;
+    int digits = 0, overflow = 0;
+    if (*q == '0') {
+        q++;
+    } else {
+        while (q < s->end && *q >= '0' && *q <= '9') {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else mant = mant * 10 + (uint64_t)(*q - '0');
+            digits++;
+            q++;
+        }
+    }
+    int frac_digits = 0, is_float = 0, exp_val = 0;
+    if (q < s->end && *q == '.') {
+        is_float = 1;
+        q++;
+        if (q >= s->end || *q < '0' || *q > '9') return fail(s, "bad number");
+        while (q < s->end && *q >= '0' && *q <= '9') {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else mant = mant * 10 + (uint64_t)(*q - '0'), frac_digits++;
+            q++;
+        }
+    }
+    if (q < s->end && (*q == 'e' || *q == 'E')) {
+        is_float = 1;
+        q++;
+        int eneg = 0;
+        if (q < s->end && (*q == '+' || *q == '-')) eneg = *q == '-', q++;
+        if (q >= s->end || *q < '0' || *q > '9') return fail(s, "bad number");
+        while (q < s->end && *q >= '0' && *q <= '9') {
+            if (exp_val < 100000) exp_val = exp_val * 10 + (*q - '0');
+            q++;
+        }
+        if (eneg) exp_val = -exp_val;
+    }
+    size_t n = (size_t)(q - start);
+    if (n > MAX_NUMBER_CHARS) return fail(s, "number too long");
+    s->p = q;
+    *text = start;
+    *tlen = n;
+    if (!is_float && !overflow && (neg ? mant <= (uint64_t)INT64_MAX + 1 : mant <= (uint64_t)INT64_MAX)) {
+        *kind = NUM_INT;
+        *iv = neg ? (int64_t)(0 - mant) : (int64_t)mant;
+        return 0;
+    }
+    /* Exact fast path: the mantissa and the power of ten are both exact doubles, so one
+     * correctly rounded multiply or divide gives the correctly rounded value. */
+    int e10 = exp_val - frac_digits;
+    if (!overflow && mant <= (1ULL << 53) && e10 >= -22 && e10 <= 22) {
+        double d = (double)mant;
+        d = e10 < 0 ? d / POW10[-e10] : d * POW10[e10];
+        *dv = neg ? -d : d;
+    } else {
+        char tmp[MAX_NUMBER_CHARS + 1];
+        memcpy(tmp, start, n);
+        tmp[n] = 0;
+        /* Correctly rounded and locale-independent, but it needs the GIL. Rare: long
+         * mantissas (absolute epoch-us timestamps with decimals) and large exponents. */
+        PyEval_RestoreThread(s->unlocked);
+        *dv = PyOS_string_to_double(tmp, NULL, NULL);
+        int bad = *dv == -1.0 && PyErr_Occurred();
+        if (bad) PyErr_Clear();
+        s->unlocked = PyEval_SaveThread();
+        if (bad) return fail(s, "bad number");
+    }
+    *kind = is_float ? NUM_FLOAT : NUM_BIG;
+    return 0;
+}
+
+static int expect_literal(Scan *s, const char *lit, size_t n) {
+    if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0) return fail(s, "bad literal");
+    s->p += n;
+    return 0;
+}
+
+/* Skip one JSON value; with `raw`, append its text without insignificant whitespace. */
+static int skip_value(Scan *s, int depth, Buf *raw) {
+    if (depth > MAX_DEPTH) return fail(s, "nesting too deep");
+    skip_ws(s);
+    if (s->p >= s->end) return fail(s, "unexpected end of data");
+    char c = *s->p;
+    if (c == '"') {
+        const char *start = s->p;
+        const char *str;
+        size_t n;
+        /* The text is kept as written (escapes and all); it is decoded again later. */
+        if (read_string(s, &str, &n)) return -1;
+        if (raw && buf_put(raw, start, (size_t)(s->p - start))) return s->nomem = 1, -1;
+        return 0;
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        s->p++;
+        if (raw && buf_put(raw, &c, 1)) return s->nomem = 1, -1;
+        skip_ws(s);
+        if (s->p < s->end && *s->p == close) {
+            s->p++;
+            if (raw && buf_put(raw, &close, 1)) return s->nomem = 1, -1;
+            return 0;
+        }
+        while (1) {
+            if (c == '{') {
+                skip_ws(s);
+                if (s->p >= s->end || *s->p != '"') return fail(s, "expected an object key");
+                if (skip_value(s, depth + 1, raw)) return -1;
+                skip_ws(s);
+                if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+                s->p++;
+                if (raw && buf_put(raw, ":", 1)) return s->nomem = 1, -1;
+            }
+            if (skip_value(s, depth + 1, raw)) return -1;
+            skip_ws(s);
+            if (s->p >= s->end) return fail(s, "unexpected end of data");
+            if (*s->p == ',') {
+                s->p++;
+                if (raw && buf_put(raw, ",", 1)) return s->nomem = 1, -1;
+                continue;
+            }
+            if (*s->p == close) {
+                s->p++;
+                if (raw && buf_put(raw, &close, 1)) return s->nomem = 1, -1;
+                return 0;
+            }
+            return fail(s, "expected ',' or a closing bracket");
+        }
+    }
+    if (c == 't' || c == 'f' || c == 'n') {
+        const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+        size_t n = strlen(lit);
+        if (expect_literal(s, lit, n)) return -1;
+        if (raw && buf_put(raw, lit, n)) return s->nomem = 1, -1;
+        return 0;
+    }
+    int kind;
+    int64_t iv;
+    double dv;
+    const char *text;
+    size_t tlen;
+    if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    if (raw && buf_put(raw, text, tlen)) return s->nomem = 1, -1;
+    return 0;
+}
+
+static int add_arg(Scan *s, int32_t key, uint8_t type, int64_t val) {
+    int32_t ev = (int32_t)s->n;
+    if (buf_put(&s->arg_ev, &ev, 4) || buf_put(&s->arg_key, &key, 4) ||
+        buf_put(&s->arg_type, &type, 1) || buf_put(&s->arg_val, &val, 8))
+        return s->nomem = 1, -1;
+    return 0;
+}
+
+static int read_args(Scan *s) {
+    s->p++; /* '{' */
+    skip_ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+        return 0;
+    }
+    int nkeys = 0;
+    while (1) {
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != '"') return fail(s, "expected an args key");
+        int32_t key;
+        if (intern_string(s, &key)) return -1;
+        for (int i = 0; i < nkeys; i++)
+            if (s->arg_keys_seen[i] == key) return fail(s, "repeated key in args");
+        if (nkeys == MAX_ARGS_PER_EVENT) return fail(s, "too many args");
+        s->arg_keys_seen[nkeys++] = key;
+        skip_ws(s);
+        if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+        s->p++;
+        skip_ws(s);
+        if (s->p >= s->end) return fail(s, "unexpected end of data");
+        char c = *s->p;
+        if (c == '"') {
+            int32_t id;
+            if (intern_string(s, &id) || add_arg(s, key, T_STR, id)) return -1;
+        } else if (c == '{' || c == '[') {
+            s->raw.len = 0;
+            if (skip_value(s, 1, &s->raw)) return -1;
+            int32_t id = intern(&s->strs, s->raw.p, s->raw.len);
+            if (id < 0) return s->nomem = 1, -1;
+            if (add_arg(s, key, T_RAW, id)) return -1;
+        } else if (c == 't') {
+            if (expect_literal(s, "true", 4) || add_arg(s, key, T_TRUE, 1)) return -1;
+        } else if (c == 'f') {
+            if (expect_literal(s, "false", 5) || add_arg(s, key, T_FALSE, 0)) return -1;
+        } else if (c == 'n') {
+            if (expect_literal(s, "null", 4) || add_arg(s, key, T_NULL, 0)) return -1;
+        } else {
+            int kind;
+            int64_t iv;
+            double dv;
+            const char *text;
+            size_t tlen;
+            if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+            if (kind == NUM_INT) {
+                if (add_arg(s, key, T_INT, iv)) return -1;
+            } else if (kind == NUM_FLOAT) {
+                int64_t bits;
+                memcpy(&bits, &dv, 8);
+                if (add_arg(s, key, T_FLOAT, bits)) return -1;
+            } else {
+                int32_t id = intern(&s->strs, text, tlen);
+                if (id < 0) return s->nomem = 1, -1;
+                if (add_arg(s, key, T_BIGINT, id)) return -1;
+            }
+        }
+        skip_ws(s);
+        if (s->p >= s->end) return fail(s, "unexpected end of data");
+        if (*s->p == ',') {
+            s->p++;
+            continue;
+        }
+        if (*s->p == '}') {
+            s->p++;
+            return 0;
+        }
+        return fail(s, "expected ',' or '}' in args");
+    }
+}
+
+static inline int key_is(const char *k, size_t n, const char *name) {
+    return strlen(name) == n && memcmp(k, name, n) == 0;
+}
+
+/* pid/tid: an integer (kept as its decimal text) or a string. */
+static int read_track_part(Scan *s, int32_t *id) {
+    if (*s->p == '"') return intern_string(s, id);
+    int kind;
+    int64_t iv;
+    double dv;
+    const char *text;
+    size_t tlen;
+    if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    if (kind != NUM_INT) return fail(s, "pid/tid is not an integer");
+    /* "-0" is the integer 0, whose text is "0". */
+    if (iv == 0) {
+        *id = s->zero_id;
+        return 0;
+    }
+    *id = intern(&s->strs, text, tlen);
+    if (*id < 0) return s->nomem = 1, -1;
+    return 0;
+}
+
+static int read_time(Scan *s, double *out) {
+    if (*s->p == 'n') {
+        *out = NAN;
+        return expect_literal(s, "null", 4);
+    }
+    if (*s->p != '-' && (*s->p < '0' || *s->p > '9')) return fail(s, "ts/dur is not a number");
+    int kind;
+    int64_t iv;
+    double dv;
+    const char *text;
+    size_t tlen;
+    if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    *out = kind == NUM_INT ? (double)iv : dv;
+    return 0;
+}
+
+static int read_event(Scan *s) {
+    int64_t start = (int64_t)(s->p - s->base);
+    int32_t ph = 0, cat = 0, name = 0, pid = s->zero_id, tid = s->zero_id, id_sid = -1;
+    double ts = NAN, dur = NAN;
+    int64_t id_val = 0;
+    s->p++; /* '{' */
+    skip_ws(s);
+    if (s->p < s->end && *s->p == '}') {
+        s->p++;
+    } else {
+        while (1) {
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != '"') return fail(s, "expected a key");
+            const char *k;
+            size_t kn;
+            if (read_string(s, &k, &kn)) return -1;
+            /* Copy a key decoded into scratch: reading the value may reuse scratch. */
+            char key[8];
+            if (kn > sizeof key) kn = sizeof key + 1; /* longer than every field name */
+            else memcpy(key, k, kn);
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+            s->p++;
+            skip_ws(s);
+            if (s->p >= s->end) return fail(s, "unexpected end of data");
+            char c = *s->p;
+            int32_t *target = NULL;
+            if (key_is(key, kn, "ph")) target = &ph;
+            else if (key_is(key, kn, "cat")) target = &cat;
+            else if (key_is(key, kn, "name")) target = &name;
+            if (target) {
+                if (c != '"') return fail(s, "ph/cat/name is not a string");
+                if (intern_string(s, target)) return -1;
+            } else if (key_is(key, kn, "pid")) {
+                if (read_track_part(s, &pid)) return -1;
+            } else if (key_is(key, kn, "tid")) {
+                if (read_track_part(s, &tid)) return -1;
+            } else if (key_is(key, kn, "ts")) {
+                if (read_time(s, &ts)) return -1;
+            } else if (key_is(key, kn, "dur")) {
+                if (read_time(s, &dur)) return -1;
+            } else if (key_is(key, kn, "id")) {
+                if (c == '"') {
+                    if (intern_string(s, &id_sid)) return -1;
+                    id_val = 0;
+                } else if (c == 'n') {
+                    if (expect_literal(s, "null", 4)) return -1;
+                    id_val = 0, id_sid = -1;
+                } else {
+                    int kind;
+                    double dv;
+                    const char *text;
+                    size_t tlen;
+                    if (read_number(s, &kind, &id_val, &dv, &text, &tlen)) return -1;
+                    if (kind != NUM_INT) return fail(s, "id is not an integer");
+                    id_sid = -1;
+                }
+            } else if (key_is(key, kn, "args")) {
+                if (c == 'n') {
+                    if (expect_literal(s, "null", 4)) return -1;
+                } else if (c == '{') {
+                    if (read_args(s)) return -1;
+                } else {
+                    return fail(s, "args is not an object");
+                }
+            } else if (key_is(key, kn, "s") || key_is(key, kn, "bp")) {
+                if (c != '"') return fail(s, "s/bp is not a string");
+                if (skip_value(s, 1, NULL)) return -1;
+            } else {
+                if (skip_value(s, 1, NULL)) return -1;
+            }
+            skip_ws(s);
+            if (s->p >= s->end) return fail(s, "unexpected end of data");
+            if (*s->p == ',') {
+                s->p++;
+                continue;
+            }
+            if (*s->p == '}') {
+                s->p++;
+                break;
+            }
+            return fail(s, "expected ',' or '}'");
+        }
+    }
+    int64_t end = (int64_t)(s->p - s->base);
+    PUT(s->ev_start, int64_t, start);
+    PUT(s->ev_end, int64_t, end);
+    PUT(s->ph, int32_t, ph);
+    PUT(s->cat, int32_t, cat);
+    PUT(s->name, int32_t, name);
+    PUT(s->pid, int32_t, pid);
+    PUT(s->tid, int32_t, tid);
+    PUT(s->ts, double, ts);
+    PUT(s->dur, double, dur);
+    PUT(s->id_val, int64_t, id_val);
+    PUT(s->id_sid, int32_t, id_sid);
+    return 0;
+nomem:
+    s->nomem = 1;
+    return -1;
+}
+
+static int scan_array(Scan *s) {
+    skip_ws(s);
+    if (s->p >= s->end || *s->p != '[') return fail(s, "traceEvents is not a list");
+    s->p++;
+    skip_ws(s);
+    if (s->p < s->end && *s->p == ']') {
+        s->p++;
+    } else {
+        while (1) {
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != '{') return fail(s, "event is not an object");
+            if (read_event(s)) return -1;
+            if (s->n == INT32_MAX - 1) return fail(s, "too many events");
+            s->n++;
+            skip_ws(s);
+            if (s->p >= s->end) return fail(s, "unexpected end of data");
+            if (*s->p == ',') {
+                s->p++;
+                continue;
+            }
+            if (*s->p == ']') {
+                s->p++;
+                break;
+            }
+            return fail(s, "expected ',' or ']' between events");
+        }
+    }
+    skip_ws(s);
+    if (s->p != s->end) return fail(s, "data after the events list");
+    return 0;
+}
+
+/* ------------------------------------------------------------------ Python face */
+
+static void scan_free(Scan *s) {
+    interner_free(&s->strs);
+    Buf *bufs[] = {&s->scratch, &s->raw,    &s->ev_start, &s->ev_end, &s->ph,      &s->cat,
+                   &s->name,    &s->pid,    &s->tid,      &s->ts,     &s->dur,     &s->id_val,
+                   &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]->p);
+}
+
+/* Moves a column into the result dict as a bytearray, freeing the C copy at once. */
+static int put_column(PyObject *dict, const char *key, Buf *b) {
+    PyObject *arr = PyByteArray_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len);
+    free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+    if (!arr) return -1;
+    int rc = PyDict_SetItemString(dict, key, arr);
+    Py_DECREF(arr);
+    return rc;
+}
+
+static PyObject *string_list(Interner *in) {
+    PyObject *list = PyList_New(in->count);
+    if (!list) return NULL;
+    const size_t *offs = (const size_t *)in->offs.p;
+    const size_t *lens = (const size_t *)in->lens.p;
+    for (int32_t i = 0; i < in->count; i++) {
+        PyObject *str =
+            PyUnicode_DecodeUTF8(in->arena.p + offs[i], (Py_ssize_t)lens[i], "surrogatepass");
+        if (!str) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, str);
+    }
+    return list;
+}
+
+static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Scan *s = calloc(1, sizeof *s);
+    PyObject *result = NULL;
+    if (!s || interner_init(&s->strs)) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    s->base = s->p = view.buf;
+    s->end = s->base + view.len;
+    int ok = intern(&s->strs, "", 0) == 0;
+    s->zero_id = intern(&s->strs, "0", 1);
+    ok = ok && s->zero_id == 1;
+    int rc = -1;
+    if (ok) {
+        s->unlocked = PyEval_SaveThread();
+        rc = scan_array(s);
+        PyEval_RestoreThread(s->unlocked);
+    }
+    if (!ok || s->nomem) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    if (rc) {
+        PyErr_SetString(Unsupported, s->why[0] ? s->why : "unreadable trace");
+        goto done;
+    }
+    result = PyDict_New();
+    if (!result) goto done;
+    PyObject *n = PyLong_FromLongLong(s->n);
+    PyObject *strings = string_list(&s->strs);
+    if (!n || !strings || PyDict_SetItemString(result, "n", n) ||
+        PyDict_SetItemString(result, "strings", strings)) {
+        Py_XDECREF(n);
+        Py_XDECREF(strings);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            PyErr_SetString(Unsupported, "a string is not valid UTF-8");
+        }
+        Py_CLEAR(result);
+        goto done;
+    }
+    Py_DECREF(n);
+    Py_DECREF(strings);
+    struct {
+        const char *key;
+        Buf *buf;
+    } cols[] = {{"ev_start", &s->ev_start}, {"ev_end", &s->ev_end}, {"ph", &s->ph},
+                {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
+                {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
+                {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
+                {"arg_key", &s->arg_key},   {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val}};
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        if (put_column(result, cols[i].key, cols[i].buf)) {
+            Py_CLEAR(result);
+            goto done;
+        }
+    }
+done:
+    if (s) {
+        scan_free(s);
+        free(s);
+    }
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"scan_events", scan_events, METH_O,
+     "scan_events(buffer) -> dict of columns: the JSON text of a traceEvents list, read in "
+     "one pass (see the module source for the columns). Raises Unsupported for input this "
+     "scanner does not read; the pure-Python path then takes it."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_kineto_scan", "Kineto traceEvents -> columns, in C.", -1, methods,
+    NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__kineto_scan(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    Unsupported = PyErr_NewException("_kineto_scan.Unsupported", PyExc_ValueError, NULL);
+    if (!Unsupported || PyModule_AddObject(m, "Unsupported", Unsupported)) {
+        Py_XDECREF(Unsupported);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(Unsupported);
+    PyModule_AddIntConstant(m, "T_NULL", T_NULL);
+    PyModule_AddIntConstant(m, "T_FALSE", T_FALSE);
+    PyModule_AddIntConstant(m, "T_TRUE", T_TRUE);
+    PyModule_AddIntConstant(m, "T_INT", T_INT);
+    PyModule_AddIntConstant(m, "T_FLOAT", T_FLOAT);
+    PyModule_AddIntConstant(m, "T_STR", T_STR);
+    PyModule_AddIntConstant(m, "T_RAW", T_RAW);
+    PyModule_AddIntConstant(m, "T_BIGINT", T_BIGINT);
+    return m;
+}

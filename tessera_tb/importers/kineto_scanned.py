@@ -1,0 +1,241 @@
+"""The C scanner's columns (`_kineto_scan.scan_events`) -> SpanColumns.
+
+The same SpanColumns that `kineto_columns` builds from decoded RawEvent batches, with the
+same rules (which phases are slices and flows, promoted id arguments, one typed column per
+argument key, nulls kept as absent), but from flat arrays: per-event work is numpy, and
+Python touches only distinct strings, distinct argument keys and the rare irregular value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from tessera_tb.importers.kineto_columns import (
+    _FLOW_PHASES,
+    _PROMOTED,
+    _SLICE_PHASES,
+    CORRELATION_KEYS,
+    SpanColumns,
+    StringTable,
+    Tracks,
+    _AttrPart,
+    _merge_parts,
+    check_finite,
+    int_or_zero,
+    intern_json,
+    us_to_ns,
+)
+from tessera_tb.importers.kineto_decode import RawTrace
+from tessera_tb.trace.errors import TraceFormatError
+from tessera_tb.trace.step import FLOW_PHASES
+
+# Argument type codes of _kineto_scan.c.
+T_NULL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_RAW, T_BIGINT = range(8)
+_ANY = msgspec.json.Decoder()
+
+
+class _Ids:
+    """Maps the scanner's per-file string ids onto the worker's StringTable ids, interning
+    each distinct string once, when first needed."""
+
+    def __init__(self, file_strings: list[str], strings: StringTable) -> None:
+        self.file_strings = file_strings
+        self.strings = strings
+        self.lookup = np.full(len(file_strings), -1, dtype=np.int32)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        if ids.size == 0:
+            return np.zeros(0, dtype=np.int32)
+        distinct = np.unique(ids)
+        for i in distinct[self.lookup[distinct] < 0].tolist():
+            self.lookup[i] = self.strings.intern(self.file_strings[i])
+        return self.lookup[ids]
+
+
+def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) -> SpanColumns:
+    scan = trace.scan
+    path = trace.path
+    text: list[str] = scan["strings"]
+
+    def col(name: str, dtype) -> np.ndarray:
+        return np.frombuffer(scan[name], dtype=dtype)
+
+    ph = col("ph", np.int32)
+    phase_ids = np.unique(ph).tolist()
+    phase = {i: text[i] for i in phase_ids}
+    slice_ids = [i for i in phase_ids if phase[i] in _SLICE_PHASES]
+    flow_ids = [i for i in phase_ids if phase[i] in _FLOW_PHASES]
+    skipped = {
+        phase[i]: int((ph == i).sum())
+        for i in phase_ids
+        if phase[i] not in _SLICE_PHASES and phase[i] not in _FLOW_PHASES and phase[i] != "M"
+    }
+    meta_ids = [i for i in phase_ids if phase[i] == "M"]
+    meta_events = (
+        [trace.decode_event(i) for i in np.flatnonzero(ph == meta_ids[0]).tolist()]
+        if meta_ids
+        else []
+    )
+
+    ids = _Ids(text, strings)
+    tracks = Tracks()
+    pid, tid = col("pid", np.int32), col("tid", np.int32)
+    cat, name = col("cat", np.int32), col("name", np.int32)
+    ts_us, dur_us = col("ts", np.float64), col("dur", np.float64)
+
+    idx = np.flatnonzero(np.isin(ph, slice_ids))
+    n = idx.size
+    x_id = next((i for i in phase_ids if phase[i] == "X"), -1)
+    is_x = ph[idx] == x_id
+    ts = ts_us[idx]
+    check_finite(path, ts, idx, "ts")
+    dur = np.where(is_x, dur_us[idx], 0.0)
+    check_finite(path, dur, idx, "dur")
+    if (dur < 0).any():
+        i = int(idx[np.flatnonzero(dur < 0)[0]])
+        raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
+    # Tracks in order of first appearance: those of slices, then those only flows use.
+    track_id = _track_ids(tracks, text, pid[idx], tid[idx])
+    correlation = np.zeros(n, dtype=np.int64)
+    external_id = np.zeros(n, dtype=np.int64)
+    attr_parts = _attr_parts(scan, idx, ids, text, correlation, external_id)
+
+    fidx = np.flatnonzero(np.isin(ph, flow_ids))
+    fts = ts_us[fidx]
+    check_finite(path, fts, fidx, "ts")
+    flow_id = col("id_val", np.int64)[fidx].copy()
+    id_sid = col("id_sid", np.int32)[fidx]
+    for j in np.flatnonzero(id_sid >= 0).tolist():
+        flow_id[j] = int_or_zero(text[id_sid[j]])
+    phase_code = np.zeros(len(text), dtype=np.uint8)
+    for i in flow_ids:
+        phase_code[i] = FLOW_PHASES[phase[i]]
+    flows = {
+        "flow_id": flow_id,
+        "cat_id": ids(cat[fidx]),
+        "phase": phase_code[ph[fidx]],
+        "track_id": _track_ids(tracks, text, pid[fidx], tid[fidx]),
+        "ts_ns": base_ns + us_to_ns(fts),
+        "row": np.full(fidx.size, -1, dtype=np.int32),
+    }
+    return SpanColumns(
+        index=idx.astype(np.int64),
+        start_ns=base_ns + us_to_ns(ts),
+        dur_ns=us_to_ns(dur),
+        is_x=is_x,
+        name_id=ids(name[idx]),
+        cat_id=ids(cat[idx]),
+        track_id=track_id,
+        correlation=correlation,
+        external_id=external_id,
+        attrs=[_merge_parts(key, [part], strings) for key, part in sorted(attr_parts.items())],
+        flows=flows,
+        meta_events=meta_events,
+        tracks=tracks,
+        skipped_phases=skipped,
+    )
+
+
+def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
+    """Track ids of (pid, tid) string-id pairs, new tracks in order of first appearance."""
+    if pid.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    pair = (pid.astype(np.int64) << 32) | tid.astype(np.int64)
+    distinct, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    lookup = np.empty(distinct.size, dtype=np.int32)
+    for j in np.argsort(first, kind="stable").tolist():
+        p = int(distinct[j])
+        key = (text[p >> 32], text[p & 0xFFFFFFFF])
+        t = tracks.by_key.get(key)
+        if t is None:
+            t = tracks.by_key[key] = len(tracks.keys)
+            tracks.keys.append(key)
+        lookup[j] = t
+    return lookup[inverse.reshape(-1)]
+
+
+def _attr_parts(
+    scan: dict[str, Any],
+    idx: np.ndarray,
+    ids: _Ids,
+    text: list[str],
+    correlation: np.ndarray,
+    external_id: np.ndarray,
+) -> dict[str, _AttrPart]:
+    """One typed part per argument key of the slices; fills the promoted id columns."""
+    row_of = np.full(scan["n"], -1, dtype=np.int32)
+    row_of[idx] = np.arange(idx.size, dtype=np.int32)
+    rows = row_of[np.frombuffer(scan["arg_ev"], dtype=np.int32)]
+    types = np.frombuffer(scan["arg_type"], dtype=np.uint8)
+    keep = (rows >= 0) & (types != T_NULL)  # a null argument is kept as absent
+    rows, types = rows[keep], types[keep]
+    keys = np.frombuffer(scan["arg_key"], dtype=np.int32)[keep]
+    values = np.frombuffer(scan["arg_val"], dtype=np.int64)[keep]
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    bounds = np.flatnonzero(np.diff(keys)) + 1
+    starts = np.concatenate([[0], bounds]).tolist()
+    ends = np.concatenate([bounds, [keys.size]]).tolist()
+    parts: dict[str, _AttrPart] = {}
+    for lo, hi in zip(starts, ends):
+        if lo == hi:
+            continue
+        sel = order[lo:hi]
+        key = text[keys[lo]]
+        r, t, v = rows[sel], types[sel], values[sel]
+        present = set(np.unique(t).tolist())
+        if key in _PROMOTED:
+            target = correlation if key in CORRELATION_KEYS else external_id
+            if present == {T_INT}:
+                target[r] = v
+            else:
+                target[r] = [int_or_zero(x) for x in _python_values(t, v, text)]
+            continue
+        parts[key] = _typed_part(r, t, v, present, ids, text)
+    return parts
+
+
+def _typed_part(rows, t, v, present: set, ids: _Ids, text: list[str]) -> _AttrPart:
+    """The column type rules of kineto_columns._typed_part, on type codes."""
+    if present <= {T_FALSE, T_TRUE}:
+        return _AttrPart(rows, "bool", (t == T_TRUE).astype(np.uint8))
+    if present == {T_INT}:
+        return _AttrPart(rows, "int64", v.copy())
+    if T_FLOAT in present and present <= {T_INT, T_FLOAT, T_BIGINT}:
+        out = v.view(np.float64).copy()
+        ints = t == T_INT
+        out[ints] = v[ints].astype(np.float64)
+        for j in np.flatnonzero(t == T_BIGINT).tolist():
+            out[j] = float(int(text[v[j]]))
+        return _AttrPart(rows, "float64", out)
+    if present == {T_STR}:
+        return _AttrPart(rows, "string", ids(v.astype(np.int32)))
+    if present == {T_RAW}:
+        # Lists and objects (shapes, strides): the compact JSON text of each distinct value.
+        distinct, inverse = np.unique(v, return_inverse=True)
+        canon = [msgspec.json.encode(_ANY.decode(text[i])).decode() for i in distinct.tolist()]
+        return _AttrPart(rows, "json", ids.strings.intern_many(canon)[inverse.reshape(-1)])
+    return _AttrPart(rows, "json", intern_json(ids.strings, _python_values(t, v, text)))
+
+
+def _python_values(t: np.ndarray, v: np.ndarray, text: list[str]) -> np.ndarray:
+    """The arguments as the Python values msgspec would decode (the rare mixed-type keys)."""
+    floats = v.view(np.float64)
+    out = np.empty(t.size, dtype=object)
+    for j, (code, value) in enumerate(zip(t.tolist(), v.tolist())):
+        if code == T_FALSE or code == T_TRUE:
+            out[j] = code == T_TRUE
+        elif code == T_INT:
+            out[j] = value
+        elif code == T_FLOAT:
+            out[j] = float(floats[j])
+        elif code == T_STR:
+            out[j] = text[value]
+        elif code == T_RAW:
+            out[j] = _ANY.decode(text[value])
+        else:
+            out[j] = int(text[value])
+    return out

@@ -1,0 +1,150 @@
+"""The C scanner and the pure-Python path read every trace into the same steps.
+
+The pure-Python path (msgspec RawEvent batches) is the reference: the round-trip tests check
+it against the JSON itself. Here each shared trace goes through both, and every step's events,
+argument columns, flows and tracks must agree value by value (string ids may be numbered
+differently; the strings they name may not).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tessera_tb.importers import kineto_decode
+from tessera_tb.importers.kineto_span import StringTable, build_span
+from tests.conftest import shared_trace_files, trace_id
+
+pytestmark = pytest.mark.skipif(
+    kineto_decode._kineto_scan is None, reason="the C scanner is not built (no C compiler)"
+)
+
+
+def _read(path: str, *, scanner: bool, monkeypatch) -> kineto_decode.RawTrace:
+    monkeypatch.setenv("TESSERA_PURE_PYTHON", "0" if scanner else "1")
+    trace = kineto_decode.read_trace(path)
+    assert (trace.scan is not None) == scanner
+    return trace
+
+
+def _steps(trace):
+    base_ns = int(trace.meta.get("baseTimeNanoseconds") or 0)
+    return build_span(trace, StringTable(), 0, base_ns).steps
+
+
+def _resolved(step) -> dict:
+    """A step with every string id replaced by its string."""
+    s = np.array(step.strings, dtype=object)
+    ev = dict(step.events)
+    ev["name_id"] = s[ev["name_id"]]
+    ev["cat_id"] = s[ev["cat_id"]]
+    fl = dict(step.flows)
+    fl["cat_id"] = s[fl["cat_id"]] if fl else fl
+    attrs = {}
+    for a in step.attrs:
+        values = s[a.values] if a.type in ("string", "json") else a.values
+        attrs[a.key] = (a.type, a.rows.tolist(), values.tolist())
+    tracks = [(t.kind, t.pid, t.tid, t.device, t.stream, t.name) for t in step.tracks]
+    return {
+        "step": (step.step, step.start_ns, step.end_ns),
+        "events": {k: v.tolist() for k, v in ev.items()},
+        "flows": {k: v.tolist() for k, v in fl.items()},
+        "attrs": attrs,
+        "tracks": sorted(tracks),
+    }
+
+
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_scanner_and_pure_python_read_the_same_steps(path, monkeypatch):
+    fast = _steps(_read(path, scanner=True, monkeypatch=monkeypatch))
+    slow = _steps(_read(path, scanner=False, monkeypatch=monkeypatch))
+    assert [s.step for s in fast] == [s.step for s in slow]
+    for a, b in zip(fast, slow):
+        ra, rb = _resolved(a), _resolved(b)
+        for part in ra:
+            assert ra[part] == rb[part], f"step {a.step}: {part} differ"
+
+
+def _scan_one(events: list) -> dict:
+    from tessera_tb.importers import _kineto_scan
+
+    return _kineto_scan.scan_events(json.dumps(events).encode())
+
+
+def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "caf\u00e9 \U0001f600 \"q\" \\ \n",
+            "pid": -0,
+            "tid": "stream 7",
+            "ts": 1623143089861234.5,
+            "dur": 1e-3,
+            "args": {
+                "i": -9223372036854775808,
+                "big": 18446744073709551616,
+                "f": 0.1,
+                "e": 2.5e-7,
+                "b": True,
+                "n": None,
+                "shape": [[8192, 32000], [], [1.50, "x"]],
+                "o": {"k": [1, 2]},
+            },
+        },
+        {"ph": "s", "id": "0x1A", "pid": 1, "tid": 2, "ts": 3, "cat": "ac2g", "name": "f"},
+    ]
+    out = _scan_one(events)
+    strings = out["strings"]
+    assert out["n"] == 2
+    assert strings[np.frombuffer(out["name"], np.int32)[0]] == events[0]["name"]
+    assert strings[np.frombuffer(out["pid"], np.int32)[0]] == "0"
+    assert strings[np.frombuffer(out["tid"], np.int32)[0]] == "stream 7"
+    ts = np.frombuffer(out["ts"], np.float64)
+    assert ts.tolist() == [1623143089861234.5, 3.0]
+    assert np.frombuffer(out["dur"], np.float64)[0] == 1e-3
+    assert np.isnan(np.frombuffer(out["dur"], np.float64)[1])
+    assert strings[np.frombuffer(out["id_sid"], np.int32)[1]] == "0x1A"
+    keys = [strings[k] for k in np.frombuffer(out["arg_key"], np.int32)]
+    types = np.frombuffer(out["arg_type"], np.uint8).tolist()
+    vals = np.frombuffer(out["arg_val"], np.int64)
+    got = dict(zip(keys, zip(types, vals.tolist())))
+    assert got["i"] == (3, -9223372036854775808)
+    assert got["big"][0] == 7 and strings[got["big"][1]] == "18446744073709551616"
+    assert vals[keys.index("f")].view(np.float64) == 0.1
+    assert vals[keys.index("e")].view(np.float64) == 2.5e-7
+    assert got["b"] == (2, 1) and got["n"][0] == 0
+    assert json.loads(strings[got["shape"][1]]) == events[0]["args"]["shape"]
+    assert json.loads(strings[got["o"][1]]) == {"k": [1, 2]}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'[{"ph": "X", "name": null}]',  # not a string: the pure-Python path names it
+        b'[{"ph": "X", "pid": 1.5}]',
+        b'[{"ph": "X", "args": {"a": 1, "a": 2}}]',  # repeated key: left to the dict rules
+        b'[{"ph": "X", "ts": "12"}]',
+        b'[{"ph": "X"} {"ph": "X"}]',
+        b'[{"ph": "X", "ts": 1',
+        b'[{"ph": "X", "name": "a\\x"}]',
+        b"[3]",
+    ],
+)
+def test_scanner_declines_what_it_does_not_read(text):
+    from tessera_tb.importers import _kineto_scan
+
+    with pytest.raises(_kineto_scan.Unsupported):
+        _kineto_scan.scan_events(text)
+
+
+def test_declined_input_still_gets_the_pure_python_error(tmp_path):
+    from tessera_tb.trace.errors import TraceFormatError
+
+    path = tmp_path / "bad.json"
+    path.write_text('{"traceEvents": [{"ph": "X", "ts": 1, "dur": 2}, {"ph": "X", "ts": "late"}]}')
+    with pytest.raises(TraceFormatError) as err:
+        _steps(kineto_decode.read_trace(str(path)))
+    assert "traceEvents[1]" in str(err.value) and "ts" in str(err.value)
