@@ -19,8 +19,10 @@
  *   ph, cat, name, pid, tid   int32 string ids (pid/tid numbers as their decimal text)
  *   ts, dur    float64 microseconds, NaN when missing or null
  *   id_val     int64 flow id (0 when missing or null); id_sid int32 string id of a string id, else -1
- *   arg_ev, arg_key, arg_type, arg_val: one row per argument (event index, key's string id,
- *              type code, payload: int64 value, float64 bits, or a string id)
+ *   arg_ev, arg_type, arg_val: one row per argument (event index, type code, payload: int64
+ *              value, float64 bits, or a string id), grouped by key (in event order within a
+ *              key): the arguments of key k are rows arg_key_start[k] to arg_key_start[k + 1]
+ *   arg_key_sid  int32 string id of each key; arg_key_start  int64, one more than the keys
  * Columns are bytearrays (native byte order), for numpy.frombuffer.
  */
 #define PY_SSIZE_T_CLEAN
@@ -170,6 +172,9 @@ typedef struct {
     Buf raw;     /* a nested argument value's compact text */
     Buf ev_start, ev_end, ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
     Buf arg_ev, arg_key, arg_type, arg_val;
+    Buf key_of_sid;  /* int32 per string id: its dense key number, -1 if not an args key */
+    Buf key_sids;    /* int32 per dense key number: its string id */
+    Buf key_start;   /* int64 per key, and one more: where its arguments start once grouped */
     int32_t arg_keys_seen[MAX_ARGS_PER_EVENT];
     int64_t n;
     int32_t zero_id;
@@ -463,8 +468,27 @@ static int skip_value(Scan *s, int depth, Buf *raw) {
     return 0;
 }
 
-static int add_arg(Scan *s, int32_t key, uint8_t type, int64_t val) {
+/* The dense number of an args key (by its string id), numbering keys as they first appear. */
+static int32_t dense_key(Scan *s, int32_t sid) {
+    size_t have = s->key_of_sid.len / sizeof(int32_t);
+    if ((size_t)sid >= have) {
+        size_t want = (size_t)sid + 1024;
+        if (buf_reserve(&s->key_of_sid, (want - have) * sizeof(int32_t))) return -1;
+        memset(s->key_of_sid.p + s->key_of_sid.len, 0xFF, (want - have) * sizeof(int32_t));
+        s->key_of_sid.len = want * sizeof(int32_t);
+    }
+    int32_t *map = (int32_t *)s->key_of_sid.p;
+    if (map[sid] < 0) {
+        map[sid] = (int32_t)(s->key_sids.len / sizeof(int32_t));
+        if (buf_put(&s->key_sids, &sid, sizeof sid)) return -1;
+    }
+    return map[sid];
+}
+
+static int add_arg(Scan *s, int32_t key_sid, uint8_t type, int64_t val) {
     int32_t ev = (int32_t)s->n;
+    int32_t key = dense_key(s, key_sid);
+    if (key < 0) return s->nomem = 1, -1;
     if (buf_put(&s->arg_ev, &ev, 4) || buf_put(&s->arg_key, &key, 4) ||
         buf_put(&s->arg_type, &type, 1) || buf_put(&s->arg_val, &val, 8))
         return s->nomem = 1, -1;
@@ -716,13 +740,56 @@ static int scan_array(Scan *s) {
     return 0;
 }
 
+/* Group the arguments by key, keeping event order within a key (a counting sort). */
+static int group_args(Scan *s) {
+    size_t nkeys = s->key_sids.len / sizeof(int32_t);
+    size_t n = s->arg_type.len;
+    if (buf_reserve(&s->key_start, (nkeys + 1) * sizeof(int64_t))) return -1;
+    int64_t *start = (int64_t *)s->key_start.p;
+    s->key_start.len = (nkeys + 1) * sizeof(int64_t);
+    memset(start, 0, s->key_start.len);
+    const int32_t *key = (const int32_t *)s->arg_key.p;
+    for (size_t i = 0; i < n; i++) start[key[i] + 1]++;
+    for (size_t k = 0; k < nkeys; k++) start[k + 1] += start[k];
+    int64_t *next = malloc((nkeys + 1) * sizeof(int64_t));
+    Buf ev = {0}, type = {0}, val = {0};
+    if (!next || buf_reserve(&ev, n * 4 + 1) || buf_reserve(&type, n + 1) ||
+        buf_reserve(&val, n * 8 + 1)) {
+        free(next);
+        free(ev.p);
+        free(type.p);
+        free(val.p);
+        return -1;
+    }
+    memcpy(next, start, (nkeys + 1) * sizeof(int64_t));
+    const int32_t *ev0 = (const int32_t *)s->arg_ev.p;
+    const uint8_t *type0 = (const uint8_t *)s->arg_type.p;
+    const int64_t *val0 = (const int64_t *)s->arg_val.p;
+    int32_t *ev1 = (int32_t *)ev.p;
+    uint8_t *type1 = (uint8_t *)type.p;
+    int64_t *val1 = (int64_t *)val.p;
+    for (size_t i = 0; i < n; i++) {
+        int64_t j = next[key[i]]++;
+        ev1[j] = ev0[i];
+        type1[j] = type0[i];
+        val1[j] = val0[i];
+    }
+    free(next);
+    ev.len = n * 4, type.len = n, val.len = n * 8;
+    free(s->arg_ev.p), free(s->arg_type.p), free(s->arg_val.p), free(s->arg_key.p);
+    s->arg_ev = ev, s->arg_type = type, s->arg_val = val;
+    memset(&s->arg_key, 0, sizeof s->arg_key);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ Python face */
 
 static void scan_free(Scan *s) {
     interner_free(&s->strs);
     Buf *bufs[] = {&s->scratch, &s->raw,    &s->ev_start, &s->ev_end, &s->ph,      &s->cat,
                    &s->name,    &s->pid,    &s->tid,      &s->ts,     &s->dur,     &s->id_val,
-                   &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val};
+                   &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val,
+                   &s->key_of_sid, &s->key_sids, &s->key_start};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]->p);
 }
 
@@ -773,6 +840,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
     if (ok) {
         s->unlocked = PyEval_SaveThread();
         rc = scan_array(s);
+        if (!rc && group_args(s)) s->nomem = 1;
         PyEval_RestoreThread(s->unlocked);
     }
     if (!ok || s->nomem) {
@@ -807,7 +875,8 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
                 {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
                 {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
                 {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
-                {"arg_key", &s->arg_key},   {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val}};
+                {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val},
+                {"arg_key_sid", &s->key_sids}, {"arg_key_start", &s->key_start}};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         if (put_column(result, cols[i].key, cols[i].buf)) {
             Py_CLEAR(result);

@@ -371,12 +371,8 @@ def _json_text(value: Any) -> str:
 
 
 def span_columns(trace: RawTrace, strings: StringTable, base_ns: int) -> SpanColumns:
-    """Every slice and flow point of a decoded trace as columns (from the C scanner's
-    columns when it read the file, else from RawEvent batches)."""
-    if trace.scan is not None:
-        from tessera_tb.importers.kineto_scanned import scanned_span_columns
-
-        return scanned_span_columns(trace, strings, base_ns)
+    """Every slice and flow point of a trace as columns, from RawEvent batches (the
+    pure-Python path; kineto_scanned reads the C scanner's columns)."""
     acc = _Accumulator(trace.path, strings, base_ns)
     with gc_paused():
         for offset, events in trace.iter_chunks():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import gzip
 import os
-import zlib
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 
+from tessera_tb.trace.columns import DEFLATE_ERRORS
+from tessera_tb.trace.columns import deflate_module as deflate
 from tessera_tb.trace.errors import TraceFormatError
 
 
@@ -43,6 +45,8 @@ class RawEvent(msgspec.Struct):
     bp: str = ""
     args: dict[str, Any] | None = None
 
+
+_FIRST_NON_SPACE = re.compile(rb"[^ \t\r\n\f\v]")
 
 # Kineto has written schemaVersion 1 since its first release (2021 traces included).
 KINETO_SCHEMA_MAX = 1
@@ -103,13 +107,18 @@ class RawTrace:
     def event_count(self) -> int:
         return self.scan["n"] if self.scan is not None else len(self.raw_events)
 
-    def decode_event(self, index: int) -> RawEvent:
-        """One event as a RawEvent (the scanner path keeps each event's byte range)."""
+    def decode_events(self, indices: list[int]) -> list[RawEvent]:
+        """Chosen events as RawEvents, in one decode (the scanner keeps each event's bytes)."""
         if self.scan is None:
-            return _EVENT.decode(self.raw_events[index])
-        start = int.from_bytes(self.scan["ev_start"][8 * index : 8 * index + 8], "little")
-        end = int.from_bytes(self.scan["ev_end"][8 * index : 8 * index + 8], "little")
-        return _EVENT.decode(memoryview(self.events_text)[start:end])
+            texts = [self.raw_events[i] for i in indices]
+        else:
+            import numpy as np
+
+            starts = np.frombuffer(self.scan["ev_start"], dtype=np.int64)[indices].tolist()
+            ends = np.frombuffer(self.scan["ev_end"], dtype=np.int64)[indices].tolist()
+            view = memoryview(self.events_text)
+            texts = [view[a:b] for a, b in zip(starts, ends)]
+        return _EVENTS.decode(b"[" + b",".join(texts) + b"]")
 
     def first_categories(self, count: int) -> set[str]:
         """The categories of the first `count` events."""
@@ -154,7 +163,7 @@ def read_bytes(path: str) -> bytes:
             raise TraceFormatError(
                 path, "truncated gzip file (ends before the stream does)"
             ) from None
-        except (OSError, zlib.error) as exc:
+        except (OSError, *DEFLATE_ERRORS) as exc:
             raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
     return data
 
@@ -162,7 +171,7 @@ def read_bytes(path: str) -> bytes:
 def _gunzip(data: bytes) -> bytes:
     """gzip.decompress, faster for the usual single-member file: zlib checks the CRC and
     length in C while inflating, instead of a second pass over the output."""
-    d = zlib.decompressobj(wbits=31)
+    d = deflate.decompressobj(wbits=31)
     out = d.decompress(data)
     if not d.eof:
         raise EOFError("compressed file ended before the end-of-stream marker")
@@ -205,12 +214,12 @@ def _scan(events_text: bytes | msgspec.Raw) -> dict[str, Any] | None:
 def decode(path: str, data: bytes) -> RawTrace:
     """Split the JSON text of a trace file into its metadata and its events (scanned into
     columns by the C scanner where it can, else split into undecoded entries)."""
-    stripped = data.lstrip()
-    if not stripped:
+    first = _FIRST_NON_SPACE.search(data)  # no stripped copy of a large text
+    if first is None:
         raise TraceFormatError(path, "empty file, expected a JSON trace")
     with gc_paused():
         try:
-            if stripped[:1] == b"[":
+            if first.group() == b"[":
                 top: dict[str, Any] = {}
                 events_text: bytes | msgspec.Raw = data
             else:

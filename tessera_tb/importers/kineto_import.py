@@ -20,10 +20,15 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+# numpy's unique() imports numpy.ma on its first call; the importer always makes that call,
+# so the module loads with the importer rather than in the middle of the first import.
+import numpy.ma  # noqa: F401
+
 from tessera_tb.importers import kineto_decode, nvml_csv
 from tessera_tb.importers.kineto_span import StringTable, build_span
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import layout
+from tessera_tb.trace.atomic import fsync_tree
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import Capability, StepData
 from tessera_tb.trace.writer import WorkerWriter, new_worker_meta
@@ -255,7 +260,8 @@ def _import_worker(
             if pids:
                 pid = pids.most_common(1)[0][0]
                 meta.pid = int(pid) if pid.lstrip("-").isdigit() else 0
-            writer = WorkerWriter(run_dir, meta)
+            # Not synced file by file: the run is synced once, before it replaces anything.
+            writer = WorkerWriter(run_dir, meta, durable=False)
         written = 0
         for step in span.steps:
             kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))
@@ -378,6 +384,11 @@ def import_traces(
                 )
         if not any(r.steps for r in results):
             raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
+        if os.path.exists(dest):
+            # Replacing a run: its new files reach the disk before the old ones go, so a
+            # power loss cannot leave it with neither. A new run is left to the page cache
+            # (its traces are still there to import again).
+            fsync_tree(tmp_run)
         _swap_into_place(tmp_run, dest, os.path.join(tmp_root, "replaced"))
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None

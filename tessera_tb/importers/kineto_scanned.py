@@ -35,6 +35,7 @@ from tessera_tb.trace.step import FLOW_PHASES
 # Argument type codes of _kineto_scan.c.
 T_NULL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_RAW, T_BIGINT = range(8)
 _ANY = msgspec.json.Decoder()
+_JSON = msgspec.json.Encoder()
 
 
 class _Ids:
@@ -75,9 +76,7 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
     }
     meta_ids = [i for i in phase_ids if phase[i] == "M"]
     meta_events = (
-        [trace.decode_event(i) for i in np.flatnonzero(ph == meta_ids[0]).tolist()]
-        if meta_ids
-        else []
+        trace.decode_events(np.flatnonzero(ph == meta_ids[0]).tolist()) if meta_ids else []
     )
 
     ids = _Ids(text, strings)
@@ -170,23 +169,20 @@ def _attr_parts(
     row_of[idx] = np.arange(idx.size, dtype=np.int32)
     rows = row_of[np.frombuffer(scan["arg_ev"], dtype=np.int32)]
     types = np.frombuffer(scan["arg_type"], dtype=np.uint8)
-    keep = (rows >= 0) & (types != T_NULL)  # a null argument is kept as absent
-    rows, types = rows[keep], types[keep]
-    keys = np.frombuffer(scan["arg_key"], dtype=np.int32)[keep]
-    values = np.frombuffer(scan["arg_val"], dtype=np.int64)[keep]
-    order = np.argsort(keys, kind="stable")
-    keys = keys[order]
-    bounds = np.flatnonzero(np.diff(keys)) + 1
-    starts = np.concatenate([[0], bounds]).tolist()
-    ends = np.concatenate([bounds, [keys.size]]).tolist()
+    values = np.frombuffer(scan["arg_val"], dtype=np.int64)
+    key_sid = np.frombuffer(scan["arg_key_sid"], dtype=np.int32).tolist()
+    bounds = np.frombuffer(scan["arg_key_start"], dtype=np.int64).tolist()
     parts: dict[str, _AttrPart] = {}
-    for lo, hi in zip(starts, ends):
-        if lo == hi:
+    for k, sid in enumerate(key_sid):
+        lo, hi = bounds[k], bounds[k + 1]
+        r, t, v = rows[lo:hi], types[lo:hi], values[lo:hi]
+        keep = (r >= 0) & (t != T_NULL)  # args of slices only; a null is kept as absent
+        if not keep.all():
+            r, t, v = r[keep], t[keep], v[keep]
+        if not r.size:
             continue
-        sel = order[lo:hi]
-        key = text[keys[lo]]
-        r, t, v = rows[sel], types[sel], values[sel]
-        present = set(np.unique(t).tolist())
+        key = text[sid]
+        present = set(np.flatnonzero(np.bincount(t, minlength=8)).tolist())
         if key in _PROMOTED:
             target = correlation if key in CORRELATION_KEYS else external_id
             if present == {T_INT}:
@@ -216,7 +212,8 @@ def _typed_part(rows, t, v, present: set, ids: _Ids, text: list[str]) -> _AttrPa
     if present == {T_RAW}:
         # Lists and objects (shapes, strides): the compact JSON text of each distinct value.
         distinct, inverse = np.unique(v, return_inverse=True)
-        canon = [msgspec.json.encode(_ANY.decode(text[i])).decode() for i in distinct.tolist()]
+        values = _ANY.decode("[" + ",".join([text[i] for i in distinct.tolist()]) + "]")
+        canon = [_JSON.encode(value).decode() for value in values]
         return _AttrPart(rows, "json", ids.strings.intern_many(canon)[inverse.reshape(-1)])
     return _AttrPart(rows, "json", intern_json(ids.strings, _python_values(t, v, text)))
 

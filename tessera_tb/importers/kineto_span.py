@@ -21,6 +21,7 @@ import numpy as np
 
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace
+from tessera_tb.importers.kineto_scanned import scanned_span_columns
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import (
     DEVICE_KINDS,
@@ -34,6 +35,7 @@ from tessera_tb.trace.step import (
 )
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(-?\d+)$")
+_DIGITS = re.compile(r"-?\d+")
 _STEP_CATS = {"user_annotation", "operator"}
 
 # Source category (lower-cased) -> EventKind name.
@@ -76,7 +78,10 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     """Convert a decoded trace into StepData, one per step (in step order)."""
     path = trace.path
     warnings: list[str] = []
-    cols = span_columns(trace, strings, base_ns)
+    if trace.scan is not None:  # the C scanner read the events
+        cols = scanned_span_columns(trace, strings, base_ns)
+    else:
+        cols = span_columns(trace, strings, base_ns)
     if cols.skipped_phases:
         warnings.append(
             f"{path}: events of phase(s) {cols.skipped_phases} are not part of the Kineto "
@@ -243,7 +248,7 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
             if device is None:
                 device = int(pid) if pid.lstrip("-").isdigit() else -1
             if stream is None:
-                digits = re.findall(r"-?\d+", tid)
+                digits = _DIGITS.findall(tid)
                 stream = int(digits[-1]) if digits else -1
             label = labels.get(pid, f"GPU {device}")
             infos.append(

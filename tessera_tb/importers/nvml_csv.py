@@ -7,10 +7,11 @@ Unknown extra columns become counters too, with no unit.
 
 from __future__ import annotations
 
+import csv
+import math
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import CounterSeries
@@ -35,23 +36,51 @@ class NvmlSamples:
     series: dict[str, tuple[str, np.ndarray]]  # counter name -> (unit, values)
 
 
-def read_nvml_csv(path: str) -> NvmlSamples:
+def _number(text: str) -> float:
+    """A cell as a number; NaN for an empty or non-numeric cell (a sample NVML missed)."""
     try:
-        df = pd.read_csv(path)
-    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def read_nvml_csv(path: str) -> NvmlSamples:
+    """Read with the csv module rather than pandas: the importer loads no pandas at all."""
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as exc:
         raise TraceFormatError(path, f"not a readable NVML sample CSV ({exc})") from None
-    if "t_ns" not in df.columns:
+    if not rows:
+        raise TraceFormatError(path, "not a readable NVML sample CSV (the file is empty)")
+    header, body = rows[0], [r for r in rows[1:] if r]
+    if "t_ns" not in header:
         raise TraceFormatError(path, "NVML sample CSV has no 't_ns' column (epoch ns)")
-    ts = pd.to_numeric(df["t_ns"], errors="coerce")
-    if ts.isna().any():
-        raise TraceFormatError(path, f"'t_ns' is not numeric in row {int(ts.isna().idxmax()) + 2}")
-    ts_ns = ts.to_numpy(dtype=np.int64)
+    for line, row in enumerate(body, start=2):
+        if len(row) > len(header):
+            raise TraceFormatError(
+                path,
+                f"not a readable NVML sample CSV (row {line} has {len(row)} fields, "
+                f"the header {len(header)})",
+            )
+    width = len(header)
+    cells = [row + [""] * (width - len(row)) for row in body]
+    t_col = header.index("t_ns")
+    ts_ns = np.zeros(len(cells), dtype=np.int64)
+    for i, row in enumerate(cells):
+        try:
+            ts_ns[i] = int(row[t_col])
+        except ValueError:
+            t = _number(row[t_col])
+            if not math.isfinite(t):
+                raise TraceFormatError(path, f"'t_ns' is not numeric in row {i + 2}") from None
+            ts_ns[i] = int(t)
     order = np.argsort(ts_ns, kind="stable")
     series = {}
-    for col in df.columns:
-        if col == "t_ns":
+    for j, col in enumerate(header):
+        if j == t_col:
             continue
-        values = pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=np.float64)[order]
+        values = np.array([_number(row[j]) for row in cells], dtype=np.float64)[order]
         name, unit = NVML_COLUMNS.get(col, (col, ""))
         series[name] = (unit, values)
     return NvmlSamples(path=path, ts_ns=ts_ns[order], series=series)

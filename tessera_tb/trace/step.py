@@ -8,11 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from tessera_tb.proto import trace_pb2 as pb
+
+if TYPE_CHECKING:  # pandas is imported where a frame is built: the importer never needs it
+    import pandas as pd
 
 # EventKind values by name, and names by value (for frames and messages).
 KIND = {name.lower().removeprefix("kind_"): value for name, value in pb.EventKind.items()}
@@ -158,6 +161,8 @@ class StepData:
 
         String attributes come back as strings; JSON ones as their JSON text.
         """
+        import pandas as pd
+
         a = self.attrs_by_key.get(key)
         if a is None:
             return pd.Series([], dtype=object, name=key)
@@ -175,6 +180,8 @@ class StepData:
         Columns: start_ns, dur_ns, end_ns (epoch ns), name, cat, kind (categoricals),
         track_id, correlation, external_id, parent, launch.
         """
+        import pandas as pd
+
         ev = self.events
         strings = pd.Index(self.strings)
         if not strings.is_unique:

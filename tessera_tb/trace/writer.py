@@ -106,8 +106,11 @@ def new_worker_meta(worker: str, **fields) -> pb.WorkerMeta:
 class WorkerWriter:
     """Writes one worker's step files, its meta.pb and its TensorBoard scalars."""
 
-    def __init__(self, run_dir: str, meta: pb.WorkerMeta, *, scalars: bool = True):
+    def __init__(
+        self, run_dir: str, meta: pb.WorkerMeta, *, scalars: bool = True, durable: bool = True
+    ):
         self.run_dir = run_dir
+        self.durable = durable  # fsync each file (write_bytes_atomic)
         self.meta = meta
         self.directory = layout.worker_dir(run_dir, meta.worker)
         os.makedirs(self.directory, exist_ok=True)
@@ -120,7 +123,7 @@ class WorkerWriter:
         data = msg.SerializeToString()
         name = layout.step_file_name(int(step.step))
         path = os.path.join(self.directory, name)
-        write_bytes_atomic(path, data)
+        write_bytes_atomic(path, data, durable=self.durable)
         self.bytes_written += len(data)
         entries = [e for e in self.meta.steps if e.step != step.step]
         del self.meta.steps[:]
@@ -141,7 +144,7 @@ class WorkerWriter:
 
     def write_meta(self) -> str:
         path = os.path.join(self.directory, layout.META_FILE)
-        write_bytes_atomic(path, self.meta.SerializeToString())
+        write_bytes_atomic(path, self.meta.SerializeToString(), durable=self.durable)
         return path
 
     def close(self) -> None:

@@ -78,7 +78,7 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
         {
             "ph": "X",
             "cat": "cpu_op",
-            "name": "caf\u00e9 \U0001f600 \"q\" \\ \n",
+            "name": 'caf\u00e9 \U0001f600 "q" \\ \n',
             "pid": -0,
             "tid": "stream 7",
             "ts": 1623143089861234.5,
@@ -107,10 +107,13 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
     assert np.frombuffer(out["dur"], np.float64)[0] == 1e-3
     assert np.isnan(np.frombuffer(out["dur"], np.float64)[1])
     assert strings[np.frombuffer(out["id_sid"], np.int32)[1]] == "0x1A"
-    keys = [strings[k] for k in np.frombuffer(out["arg_key"], np.int32)]
+    key_sid = np.frombuffer(out["arg_key_sid"], np.int32)
+    counts = np.diff(np.frombuffer(out["arg_key_start"], np.int64))
+    keys = [strings[k] for k in np.repeat(key_sid, counts)]
     types = np.frombuffer(out["arg_type"], np.uint8).tolist()
     vals = np.frombuffer(out["arg_val"], np.int64)
     got = dict(zip(keys, zip(types, vals.tolist())))
+    assert keys == list(events[0]["args"])  # one argument each, keys as they first appear
     assert got["i"] == (3, -9223372036854775808)
     assert got["big"][0] == 7 and strings[got["big"][1]] == "18446744073709551616"
     assert vals[keys.index("f")].view(np.float64) == 0.1
