@@ -94,6 +94,7 @@ def _dir_bytes(path: str) -> int:
 
 def _child_tessera(path: str, workdir: str) -> dict:
     t0 = time.perf_counter()
+    from tessera_tb.importers.kineto_decode import scanner_available
     from tessera_tb.importers.kineto_import import import_traces
 
     import_s = time.perf_counter() - t0
@@ -122,6 +123,7 @@ def _child_tessera(path: str, workdir: str) -> dict:
         "bytes_written": result.bytes_written,
         "disk_bytes": _dir_bytes(result.run_dir),
         "steps": sum(len(w.steps) for w in result.workers),
+        "parser": "C scanner" if scanner_available() else "pure Python (msgspec)",
     }
 
 
@@ -344,19 +346,26 @@ def run_child(tool: str, path: str) -> dict:
     raise RuntimeError(f"exit {proc.returncode}: {tail[:200]}")
 
 
-def measure(inp: Input, tool: str, repeat: int) -> None:
-    runs = []
-    try:
-        for _ in range(repeat):
-            runs.append(run_child(tool, inp.path))
-    except RuntimeError as exc:
-        inp.errors[tool] = str(exc)
-        return
-    med = dict(runs[0])
-    for key in ("wall_s", "peak_rss_mb", "import_s", "base_rss_mb", "gc_s"):
-        if key in med:
-            med[key] = statistics.median(r[key] for r in runs)
-    inp.results[tool] = med
+def measure(inp: Input, tools: list[str], repeat: int) -> None:
+    """Each tool `repeat` times, taking turns (tool A, tool B, tool A, ...), so that a slow
+    spell of a shared machine falls on every tool alike; the medians are kept."""
+    runs: dict[str, list[dict]] = {tool: [] for tool in tools}
+    for _ in range(repeat):
+        for tool in tools:
+            if tool in inp.errors:
+                continue
+            try:
+                runs[tool].append(run_child(tool, inp.path))
+            except RuntimeError as exc:
+                inp.errors[tool] = str(exc)
+    for tool, results in runs.items():
+        if tool in inp.errors or not results:
+            continue
+        med = dict(results[0])
+        for key in ("wall_s", "peak_rss_mb", "import_s", "base_rss_mb", "gc_s"):
+            if key in med:
+                med[key] = statistics.median(r[key] for r in results)
+        inp.results[tool] = med
 
 
 # --------------------------------------------------------------------------- report
@@ -506,6 +515,9 @@ def print_goals(inputs: list[Input], with_hta: bool) -> None:
 
 def print_notes(inputs: list[Input], repeat: int) -> None:
     print()
+    parsers = sorted({i.results["tessera"]["parser"] for i in inputs if "tessera" in i.results})
+    if parsers:
+        print(f"Tessera read the events with: {', '.join(parsers)}")
     for tool, name in (("tessera", "tessera_tb importer"), ("hta", "hta"), ("json", "json")):
         rs = [i.results[tool] for i in inputs if tool in i.results]
         if rs:
@@ -601,10 +613,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for n, inp in enumerate(inputs, 1):
         print(f"[{n}/{len(inputs)}] {inp.label} ...", end="", flush=True)
-        for tool in tools:
-            measure(inp, tool, args.repeat)
-            print(f" {tool}", end="", flush=True)
-        print(flush=True)
+        measure(inp, tools, args.repeat)
+        print(" " + " ".join(tools), flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs\n")
     print_table(inputs)
     print_goals(inputs, with_hta=not args.skip_hta)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tessera_tb.backend.intervals import union_length_ns
-from tessera_tb.trace.step import DEVICE_WORK_KINDS, StepData
+from tessera_tb.trace.step import IS_DEVICE_WORK, StepData
 
 # Device work that makes a GPU busy. gpu_user_annotation labels are excluded (METRICS.md).
 
@@ -16,7 +16,7 @@ def gpu_busy_pct_by_device(step: StepData) -> dict[int, float]:
     if span <= 0:
         return {}
     ev = step.events
-    busy = np.isin(ev["kind"], DEVICE_WORK_KINDS)
+    busy = IS_DEVICE_WORK[ev["kind"]]
     if not busy.any():
         return {}
     device_of_track = np.array([t.device for t in step.tracks], dtype=np.int64)

@@ -260,8 +260,8 @@ def _import_worker(
             if pids:
                 pid = pids.most_common(1)[0][0]
                 meta.pid = int(pid) if pid.lstrip("-").isdigit() else 0
-            # Not synced file by file: the run is synced once, before it replaces anything.
-            writer = WorkerWriter(run_dir, meta, durable=False)
+            # A staging directory, renamed into place whole once every file converted.
+            writer = WorkerWriter(run_dir, meta, staged=True)
         written = 0
         for step in span.steps:
             kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))

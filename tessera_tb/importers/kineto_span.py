@@ -25,13 +25,14 @@ from tessera_tb.importers.kineto_scanned import scanned_span_columns
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import (
     DEVICE_KINDS,
-    DEVICE_WORK_KINDS,
-    HOST_TREE_KINDS,
+    IS_DEVICE_WORK,
+    IS_HOST_TREE,
+    IS_LAUNCH,
     KIND,
-    LAUNCH_KINDS,
     Attr,
     StepData,
     TrackInfo,
+    kind_mask,
 )
 
 _STEP_NAME = re.compile(r"^ProfilerStep#(-?\d+)$")
@@ -61,7 +62,7 @@ _CAT_KIND = {
     "cpu_instant_event": "mark",
 }
 # Events that put their track on a device (range-profiler events sit on a device track too).
-_DEVICE_TRACK_KINDS = np.append(DEVICE_KINDS, np.uint8(KIND["profiler_range"]))
+_IS_DEVICE_TRACK = kind_mask(np.append(DEVICE_KINDS, np.uint8(KIND["profiler_range"])))
 _COLLECTIVE_PREFIXES = ("nccl", "rccl")
 
 
@@ -137,7 +138,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     step_of = np.clip(np.searchsorted(host_start, start_ns, side="right") - 1, 0, n_steps - 1)
     launched = launch >= 0
     step_of[launched] = step_of[launch[launched]]
-    device_work = np.isin(kind, DEVICE_WORK_KINDS)
+    device_work = IS_DEVICE_WORK[kind]
     work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
     np.maximum.at(work_end, step_of[device_work], (start_ns + dur_ns)[device_work])
     span_end = np.maximum(host_end, work_end)
@@ -209,7 +210,7 @@ def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple
 
 def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events) -> list[TrackInfo]:
     n_tracks = len(tracks.keys)
-    device_like = np.isin(kind, _DEVICE_TRACK_KINDS)
+    device_like = _IS_DEVICE_TRACK[kind]
     host_like = ~device_like & (kind != KIND["trace_span"]) & (kind != KIND["other"])
     n_device = np.bincount(track_id[device_like], minlength=n_tracks)
     n_host = np.bincount(track_id[host_like], minlength=n_tracks)
@@ -335,9 +336,7 @@ def _tree_parents(rows: np.ndarray, start, end, track_id, external_id, parent: n
 def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndarray:
     parent = np.full(kind.size, -1, dtype=np.int32)
     end = start_ns + dur_ns
-    _tree_parents(
-        np.flatnonzero(np.isin(kind, HOST_TREE_KINDS)), start_ns, end, track_id, external_id, parent
-    )
+    _tree_parents(np.flatnonzero(IS_HOST_TREE[kind]), start_ns, end, track_id, external_id, parent)
     _tree_parents(
         np.flatnonzero(kind == KIND["python"]), start_ns, end, track_id, external_id, parent
     )
@@ -347,8 +346,8 @@ def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndar
 def _launch_links(kind: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     """For each device event, the row of the runtime/driver call with the same correlation."""
     launch = np.full(kind.size, -1, dtype=np.int32)
-    launchers = np.flatnonzero(np.isin(kind, LAUNCH_KINDS) & (correlation != 0))
-    devices = np.flatnonzero(np.isin(kind, DEVICE_WORK_KINDS) & (correlation != 0))
+    launchers = np.flatnonzero(IS_LAUNCH[kind] & (correlation != 0))
+    devices = np.flatnonzero(IS_DEVICE_WORK[kind] & (correlation != 0))
     if launchers.size == 0 or devices.size == 0:
         return launch
     order = np.argsort(correlation[launchers], kind="stable")
@@ -409,14 +408,26 @@ def _split_steps(
     span_index,
 ) -> list[StepData]:
     n = step_of.size
-    ev_order = np.argsort(step_of, kind="stable")
+    # Rows by step, and within a step in the file's canonical order (step.canonical_order),
+    # so that the writer has nothing to reorder.
+    ev_order = np.lexsort(
+        (
+            columns["external_id"],
+            -columns["dur_ns"],
+            columns["start_ns"],
+            columns["track_id"],
+            step_of,
+        )
+    )
+    rank = np.empty(n, dtype=np.int64)
+    rank[ev_order] = np.arange(n)
     ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
     local_of = np.full(n, -1, dtype=np.int32)
     attr_split = []
     for a in attrs:
-        a_step = step_of[a.rows]
-        o = np.argsort(a_step, kind="stable")
-        attr_split.append((a, o, np.searchsorted(a_step[o], np.arange(n_steps + 1))))
+        o = np.argsort(rank[a.rows])
+        a_step = step_of[a.rows[o]]
+        attr_split.append((a, o, np.searchsorted(a_step, np.arange(n_steps + 1))))
     f_order = np.argsort(flow_step, kind="stable")
     f_bounds = np.searchsorted(flow_step[f_order], np.arange(n_steps + 1))
     all_strings = np.array(strings.strings, dtype=object)

@@ -6,13 +6,9 @@ import os
 import tempfile
 
 
-def write_bytes_atomic(path: str, data: bytes, *, durable: bool = True) -> None:
-    """Write `data` to `path` through a temporary file in the same directory and a rename.
-
-    `durable`: fsync the file before the rename, so that after a power loss `path` holds the
-    old bytes or the new ones. Without it the rename still hides half-written files from
-    readers and from a crash of this process; the importer, which builds a run in a hidden
-    directory, syncs the whole tree once before it replaces anything (fsync_tree)."""
+def write_bytes_atomic(path: str, data: bytes) -> None:
+    """Write `data` to `path` through a temporary file in the same directory, fsync'ed, and a
+    rename: after a crash or a power loss `path` holds the old bytes or the new ones."""
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(
         prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=directory
@@ -21,8 +17,7 @@ def write_bytes_atomic(path: str, data: bytes, *, durable: bool = True) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            if durable:
-                os.fsync(f.fileno())
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -33,7 +28,8 @@ def write_bytes_atomic(path: str, data: bytes, *, durable: bool = True) -> None:
 
 
 def fsync_tree(root: str) -> None:
-    """fsync every file and directory under `root` (a tree written with durable=False)."""
+    """fsync every file and directory under `root` (a staged tree, written plainly, before
+    it is renamed into place)."""
     for directory, _dirs, files in os.walk(root):
         for name in files:
             fd = os.open(os.path.join(directory, name), os.O_RDONLY)

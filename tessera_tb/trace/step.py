@@ -32,6 +32,20 @@ HOST_TREE_KINDS = np.array(  # the host op tree ("Steps and nesting")
 )
 LAUNCH_KINDS = np.array([KIND["runtime"], KIND["driver"]], np.uint8)  # launch linkage
 
+
+def kind_mask(kinds: np.ndarray) -> np.ndarray:
+    """A lookup table over every uint8 kind value: `kind_mask(G)[kind]` is np.isin(kind, G)
+    at the cost of one gather (np.isin sorts; on a small step that is most of the work)."""
+    mask = np.zeros(256, dtype=bool)
+    mask[kinds] = True
+    return mask
+
+
+IS_DEVICE_WORK = kind_mask(DEVICE_WORK_KINDS)
+IS_DEVICE = kind_mask(DEVICE_KINDS)
+IS_HOST_TREE = kind_mask(HOST_TREE_KINDS)
+IS_LAUNCH = kind_mask(LAUNCH_KINDS)
+
 # Event columns and their stored dtypes. `start_ns` is epoch ns in memory.
 EVENT_COLUMNS = {
     "start_ns": "int64",

@@ -107,10 +107,15 @@ class WorkerWriter:
     """Writes one worker's step files, its meta.pb and its TensorBoard scalars."""
 
     def __init__(
-        self, run_dir: str, meta: pb.WorkerMeta, *, scalars: bool = True, durable: bool = True
+        self, run_dir: str, meta: pb.WorkerMeta, *, scalars: bool = True, staged: bool = False
     ):
+        """`staged`: `run_dir` is a hidden staging directory that is renamed into place
+        whole when complete (the importer): files are written plainly and the step index
+        once, at close. Otherwise (a live run, the capture layer) every file is written
+        atomically and the index is rewritten with each step, so that a crash loses at most
+        the step in flight."""
         self.run_dir = run_dir
-        self.durable = durable  # fsync each file (write_bytes_atomic)
+        self.staged = staged
         self.meta = meta
         self.directory = layout.worker_dir(run_dir, meta.worker)
         os.makedirs(self.directory, exist_ok=True)
@@ -123,7 +128,7 @@ class WorkerWriter:
         data = msg.SerializeToString()
         name = layout.step_file_name(int(step.step))
         path = os.path.join(self.directory, name)
-        write_bytes_atomic(path, data, durable=self.durable)
+        self._write(path, data)
         self.bytes_written += len(data)
         entries = [e for e in self.meta.steps if e.step != step.step]
         del self.meta.steps[:]
@@ -137,15 +142,23 @@ class WorkerWriter:
         )
         self.meta.steps.extend(sorted(entries, key=lambda e: e.step))
         # The index is rewritten with every step, so a crash loses at most the step in flight.
-        self.write_meta()
+        if not self.staged:
+            self.write_meta()
         if self._scalars is not None:
             self._scalars.write_step(step)
         return path
 
     def write_meta(self) -> str:
         path = os.path.join(self.directory, layout.META_FILE)
-        write_bytes_atomic(path, self.meta.SerializeToString(), durable=self.durable)
+        self._write(path, self.meta.SerializeToString())
         return path
+
+    def _write(self, path: str, data: bytes) -> None:
+        if self.staged:
+            with open(path, "wb") as f:
+                f.write(data)
+        else:
+            write_bytes_atomic(path, data)
 
     def close(self) -> None:
         self.write_meta()
