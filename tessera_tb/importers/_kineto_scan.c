@@ -61,6 +61,7 @@ static int buf_reserve(Buf *b, size_t extra) {
 }
 
 static inline int buf_put(Buf *b, const void *src, size_t n) {
+    if (!n) return 0;
     if (buf_reserve(b, n)) return -1;
     memcpy(b->p + b->len, src, n);
     b->len += n;
@@ -390,6 +391,9 @@ static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char *
         s->unlocked = PyEval_SaveThread();
         if (bad) return fail(s, "bad number");
     }
+    /* msgspec refuses a float beyond the double range ("Number out of range"): so does
+     * this scanner, leaving the message to the pure-Python path. */
+    if (is_float && isinf(*dv)) return fail(s, "number out of range");
     *kind = is_float ? NUM_FLOAT : NUM_BIG;
     return 0;
 }

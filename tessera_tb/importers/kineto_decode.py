@@ -141,6 +141,8 @@ class RawTrace:
                     events = _EVENTS.decode(b"[" + b",".join(batch) + b"]")
                 except msgspec.ValidationError as exc:
                     raise TraceFormatError(self.path, _describe_validation(exc, offset)) from None
+                except UnicodeDecodeError as exc:
+                    raise TraceFormatError(self.path, _not_utf8(exc)) from None
             yield offset, events
 
     @property
@@ -191,6 +193,10 @@ def _describe_validation(exc: msgspec.ValidationError, offset: int = 0) -> str:
     return msg
 
 
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    return f"not valid UTF-8 text ({exc.reason} at byte {exc.start} of a string)"
+
+
 def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.Raw]:
     with gc_paused():
         try:
@@ -199,6 +205,8 @@ def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.R
             raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, _not_utf8(exc)) from None
 
 
 def _scan(events_text: bytes | msgspec.Raw) -> dict[str, Any] | None:
@@ -231,6 +239,8 @@ def decode(path: str, data: bytes) -> RawTrace:
             raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
         except msgspec.DecodeError as exc:
             raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(path, _not_utf8(exc)) from None
         scan = _scan(events_text)
         raw_events = None if scan is not None else _split_events(path, events_text)
         meta = {k: _ANY.decode(v) for k, v in top.items()}

@@ -63,6 +63,24 @@ def _events_not_a_list(path):
     path.write_text(json.dumps({"traceEvents": {"ph": "X"}}))
 
 
+def _name_not_utf8(path):
+    text = json.dumps(_good_events()).replace('"ProfilerStep#', '"\\u00e9ProfilerStep#', 1)
+    path.write_bytes(text.encode().replace(b"\\u00e9", b"\xff", 1))
+
+
+def _number_out_of_range(path):
+    trace = _good_events()
+    x = next(e for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("args"))
+    x["args"]["huge"] = "HUGE"
+    path.write_text(json.dumps(trace).replace('"HUGE"', "1e400"))
+
+
+def _event_not_an_object(path):
+    trace = _good_events()
+    trace["traceEvents"].insert(5, 42)
+    path.write_text(json.dumps(trace))
+
+
 CASES = {
     "truncated_gzip": (_truncated_gzip, "truncated gzip", ".json.gz"),
     "not_json": (_not_json, "not valid JSON", ".json.gz"),
@@ -71,16 +89,23 @@ CASES = {
     "event_missing_dur": (_event_missing_dur, "has no numeric 'dur'", ".json"),
     "newer_kineto_schema": (_newer_kineto_schema, "schemaVersion 2", ".json"),
     "events_not_a_list": (_events_not_a_list, "not a list of events", ".json"),
+    "name_not_utf8": (_name_not_utf8, "not valid UTF-8", ".json"),
+    "number_out_of_range": (_number_out_of_range, "Number out of range", ".json"),
+    "event_not_an_object": (_event_not_an_object, "traceEvents[5]", ".json"),
 }
 
 
+@pytest.mark.parametrize("reader", ["scanner", "pure_python"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_file_is_one_line_error_with_exit_2_and_no_run_left(case, tmp_path):
+def test_bad_file_is_one_line_error_with_exit_2_and_no_run_left(case, reader, tmp_path):
+    """Both event readers: the C scanner declines what it does not read and the pure-Python
+    path names the problem; with TESSERA_PURE_PYTHON=1 that path reads everything."""
     make, problem, suffix = CASES[case]
     bad = tmp_path / f"worker0.1.pt.trace{suffix}"
     make(bad)
     logdir = tmp_path / "logdir"
-    proc = _cli(str(bad), "--logdir", str(logdir), "--run", "r", "-q")
+    env = {"TESSERA_PURE_PYTHON": "1" if reader == "pure_python" else "0"}
+    proc = tessera_prof("import", str(bad), "--logdir", str(logdir), "--run", "r", "-q", env=env)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
