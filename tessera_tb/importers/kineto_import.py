@@ -258,7 +258,7 @@ def _import_worker(
             meta = worker_meta_from_trace(worker, trace, files)
             pids = collections.Counter(t.pid for t in span.tracks if t.kind == "host_thread")
             if pids:
-                pid = pids.most_common(1)[0][0]
+                pid = max(pids, key=pids.get)  # the most common (the first of equals)
                 meta.pid = int(pid) if pid.lstrip("-").isdigit() else 0
             # A staging directory, renamed into place whole once every file converted.
             writer = WorkerWriter(run_dir, meta, staged=True)

@@ -46,13 +46,16 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
     out.dtype = _CODES[arr.dtype]
     out.count = arr.size
     if delta is None and arr.dtype.kind == "i" and arr.size > 2:
-        if arr.size <= _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
+        if arr.nbytes < _MIN_COMPRESS_BYTES:
+            delta = False  # stored uncompressed either way, so both forms are the same size
+        elif arr.size <= _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
             plain = _pack(arr)
             diffs = _pack(_deltas(arr))
             out.delta = len(diffs[2]) < len(plain[2])
             out.shuffle, out.codec, out.data = diffs if out.delta else plain
             return
-        delta = _delta_pays(arr)
+        else:
+            delta = _delta_pays(arr)
         out.delta = delta
         if delta:
             arr = _deltas(arr)

@@ -99,3 +99,24 @@ def test_failed_nested_import_leaves_no_empty_parent(tmp_path):
     proc = _cli(str(bad), "--logdir", str(tmp_path / "logs"), "--run", "a/b/c", "-q")
     assert proc.returncode == 2
     assert os.listdir(tmp_path / "logs") == []
+
+
+def test_without_the_c_scanner_the_import_says_so_and_still_works(tmp_path, monkeypatch, capsys):
+    from tessera.cli.main import main
+    from tessera_tb.importers import kineto_decode
+
+    monkeypatch.setattr(kineto_decode, "_kineto_scan", None)  # as an install without gcc
+    assert main(["import", GPT, "--logdir", str(tmp_path), "--run", "slow"]) == 0
+    err = capsys.readouterr().err
+    assert "C trace scanner is not built" in err and "python3-dev" in err
+    assert open_run(str(tmp_path / "slow")).steps == [4, 5]
+
+
+def test_with_the_c_scanner_there_is_no_such_note(tmp_path, capsys):
+    from tessera.cli.main import main
+    from tessera_tb.importers import kineto_decode
+
+    if kineto_decode._kineto_scan is None:
+        pytest.skip("the C scanner is not built here")
+    assert main(["import", GPT, "--logdir", str(tmp_path), "--run", "fast"]) == 0
+    assert "scanner" not in capsys.readouterr().err

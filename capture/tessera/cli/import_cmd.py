@@ -17,6 +17,7 @@ import argparse
 import sys
 import time
 
+from tessera_tb.importers import kineto_decode
 from tessera_tb.importers.kineto_import import ImportFailed, import_traces, parse_steps
 from tessera_tb.trace import layout
 
@@ -41,6 +42,12 @@ def run(args: argparse.Namespace) -> int:
         if not args.quiet:
             print(f"[{time.perf_counter() - started:6.2f}s] {msg}", file=sys.stderr, flush=True)
 
+    if kineto_decode._kineto_scan is None:
+        progress(
+            "note: the C trace scanner is not built (no C compiler when tessera-profiler was "
+            "installed), so traces are read by the pure-Python path, several times slower; "
+            "reinstall with gcc and Python's headers (python3-dev) to build it"
+        )
     try:
         steps = parse_steps(args.steps) if args.steps else None
         workers = (
