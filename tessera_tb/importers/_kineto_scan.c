@@ -472,6 +472,22 @@ static int skip_value(Scan *s, int depth, Buf *raw) {
     return 0;
 }
 
+/* After a member or an element: 1 when a ',' follows (another one comes), 0 at `close`
+ * (consumed), -1 on anything else. */
+static int after_item(Scan *s, char close, const char *what) {
+    skip_ws(s);
+    if (s->p >= s->end) return fail(s, "unexpected end of data");
+    if (*s->p == ',') {
+        s->p++;
+        return 1;
+    }
+    if (*s->p == close) {
+        s->p++;
+        return 0;
+    }
+    return fail(s, what);
+}
+
 /* The dense number of an args key (by its string id), numbering keys as they first appear. */
 static int32_t dense_key(Scan *s, int32_t sid) {
     size_t have = s->key_of_sid.len / sizeof(int32_t);
@@ -556,17 +572,8 @@ static int read_args(Scan *s) {
                 if (add_arg(s, key, T_BIGINT, id)) return -1;
             }
         }
-        skip_ws(s);
-        if (s->p >= s->end) return fail(s, "unexpected end of data");
-        if (*s->p == ',') {
-            s->p++;
-            continue;
-        }
-        if (*s->p == '}') {
-            s->p++;
-            return 0;
-        }
-        return fail(s, "expected ',' or '}' in args");
+        int more = after_item(s, '}', "expected ',' or '}' in args");
+        if (more <= 0) return more;
     }
 }
 
@@ -681,17 +688,9 @@ static int read_event(Scan *s) {
             } else {
                 if (skip_value(s, 1, NULL)) return -1;
             }
-            skip_ws(s);
-            if (s->p >= s->end) return fail(s, "unexpected end of data");
-            if (*s->p == ',') {
-                s->p++;
-                continue;
-            }
-            if (*s->p == '}') {
-                s->p++;
-                break;
-            }
-            return fail(s, "expected ',' or '}'");
+            int more = after_item(s, '}', "expected ',' or '}'");
+            if (more < 0) return -1;
+            if (!more) break;
         }
     }
     int64_t end = (int64_t)(s->p - s->base);
@@ -726,17 +725,9 @@ static int scan_array(Scan *s) {
             if (read_event(s)) return -1;
             if (s->n == INT32_MAX - 1) return fail(s, "too many events");
             s->n++;
-            skip_ws(s);
-            if (s->p >= s->end) return fail(s, "unexpected end of data");
-            if (*s->p == ',') {
-                s->p++;
-                continue;
-            }
-            if (*s->p == ']') {
-                s->p++;
-                break;
-            }
-            return fail(s, "expected ',' or ']' between events");
+            int more = after_item(s, ']', "expected ',' or ']' between events");
+            if (more < 0) return -1;
+            if (!more) break;
         }
     }
     skip_ws(s);

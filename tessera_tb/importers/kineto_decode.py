@@ -197,16 +197,22 @@ def _not_utf8(exc: UnicodeDecodeError) -> str:
     return f"not valid UTF-8 text ({exc.reason} at byte {exc.start} of a string)"
 
 
+@contextmanager
+def _json_errors(path: str):
+    """msgspec's errors on a trace's JSON text, as TraceFormatErrors naming the file."""
+    try:
+        yield
+    except msgspec.ValidationError as exc:
+        raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(path, f"not valid JSON ({exc})") from None
+    except UnicodeDecodeError as exc:
+        raise TraceFormatError(path, _not_utf8(exc)) from None
+
+
 def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.Raw]:
-    with gc_paused():
-        try:
-            return _RAW_LIST.decode(events_text)
-        except msgspec.ValidationError as exc:
-            raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
-        except msgspec.DecodeError as exc:
-            raise TraceFormatError(path, f"not valid JSON ({exc})") from None
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(path, _not_utf8(exc)) from None
+    with gc_paused(), _json_errors(path):
+        return _RAW_LIST.decode(events_text)
 
 
 def _scan(events_text: bytes | msgspec.Raw) -> dict[str, Any] | None:
@@ -226,7 +232,7 @@ def decode(path: str, data: bytes) -> RawTrace:
     if first is None:
         raise TraceFormatError(path, "empty file, expected a JSON trace")
     with gc_paused():
-        try:
+        with _json_errors(path):
             if first.group() == b"[":
                 top: dict[str, Any] = {}
                 events_text: bytes | msgspec.Raw = data
@@ -235,12 +241,6 @@ def decode(path: str, data: bytes) -> RawTrace:
                 if "traceEvents" not in top:
                     raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
                 events_text = top.pop("traceEvents")
-        except msgspec.ValidationError as exc:
-            raise TraceFormatError(path, f"'traceEvents' is not a list of events ({exc})") from None
-        except msgspec.DecodeError as exc:
-            raise TraceFormatError(path, f"not valid JSON ({exc})") from None
-        except UnicodeDecodeError as exc:
-            raise TraceFormatError(path, _not_utf8(exc)) from None
         scan = _scan(events_text)
         raw_events = None if scan is not None else _split_events(path, events_text)
         meta = {k: _ANY.decode(v) for k, v in top.items()}
