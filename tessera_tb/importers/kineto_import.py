@@ -12,8 +12,8 @@ from __future__ import annotations
 import collections
 import os
 import re
+import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -301,6 +301,18 @@ def _nvml_beside(files: list[str], worker: str) -> str | None:
     return None
 
 
+def _make_staging_dir(parent: str) -> str:
+    """A new hidden directory in `parent`, with the permissions a plain mkdir gives (it
+    becomes the run: tempfile.mkdtemp's owner-only mode would hide it from other users)."""
+    while True:
+        path = os.path.join(parent, f".tessera-import-{secrets.token_hex(6)}")
+        try:
+            os.mkdir(path)
+            return path
+        except FileExistsError:
+            continue
+
+
 def _swap_into_place(new: str, dest: str, parking: str) -> None:
     """Rename `new` to `dest`; an existing `dest` is parked first and put back on failure."""
     if not os.path.exists(dest):
@@ -367,12 +379,12 @@ def import_traces(
     parent = os.path.dirname(dest)
     made_parent = not os.path.isdir(parent)
     os.makedirs(parent, exist_ok=True)
-    # Built beside its destination (same file system), hidden from run discovery.
-    tmp_root = tempfile.mkdtemp(prefix=".tessera-import-", dir=parent)
+    # Built beside its destination (same file system), hidden from run discovery, and
+    # renamed into place whole; an old run it replaces is parked beside it meanwhile.
+    tmp_run = _make_staging_dir(parent)
+    parking = tmp_run + ".replaced"
     warnings: list[str] = []
     try:
-        tmp_run = os.path.join(tmp_root, "run")
-        os.makedirs(tmp_run)
         results = []
         for worker, files in by_worker.items():
             nvml_path = nvml if nvml is not None else _nvml_beside(files, worker)
@@ -389,11 +401,13 @@ def import_traces(
             # power loss cannot leave it with neither. A new run is left to the page cache
             # (its traces are still there to import again).
             fsync_tree(tmp_run)
-        _swap_into_place(tmp_run, dest, os.path.join(tmp_root, "replaced"))
+        _swap_into_place(tmp_run, dest, parking)
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None
     finally:
-        shutil.rmtree(tmp_root, ignore_errors=True)
+        for leftover in (tmp_run, parking):  # gone already, unless something failed
+            if os.path.lexists(leftover):
+                shutil.rmtree(leftover, ignore_errors=True)
         if made_parent and not os.path.exists(dest):
             _remove_empty_dirs(parent, stop=logdir)
     return ImportResult(dest, results, time.perf_counter() - t0, warnings)

@@ -154,3 +154,14 @@ def test_missing_path_is_a_clear_error(tmp_path):
     proc = _cli(str(tmp_path / "nope.json"), "--logdir", str(tmp_path / "l"), "-q")
     assert proc.returncode == 2
     assert "no such file or directory" in proc.stderr
+
+
+def test_an_imported_run_has_the_permissions_of_a_plain_directory(tmp_path):
+    """The run is built in a hidden staging directory and renamed into place: it must not
+    keep an owner-only mode that would hide it from a TensorBoard run by another user."""
+    logdir = tmp_path / "logdir"
+    assert _cli(GOOD, "--logdir", str(logdir), "--run", "r", "-q").returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (logdir / "r").stat().st_mode & 0o777 == 0o777 & ~umask
+    assert os.listdir(logdir) == ["r"]
