@@ -20,11 +20,10 @@ def merged_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, n
     new_seg = np.empty(s.size, dtype=bool)
     new_seg[0] = True
     new_seg[1:] = s[1:] > reach[:-1]
-    seg_id = np.cumsum(new_seg) - 1
-    seg_start = s[new_seg]
-    seg_end = np.zeros(seg_start.size, dtype=np.int64)
-    np.maximum.at(seg_end, seg_id, reach)
-    return seg_start, seg_end
+    first = np.flatnonzero(new_seg)
+    # `reach` never decreases, so a segment ends at the reach of its last interval.
+    last = np.append(first[1:] - 1, s.size - 1)
+    return s[first], reach[last]
 
 
 def union_length_ns(starts: np.ndarray, ends: np.ndarray, lo: int, hi: int) -> int:

@@ -324,6 +324,8 @@ class _Accumulator:
 def _merge_parts(key: str, parts: list[_AttrPart], strings: StringTable) -> Attr:
     """One attribute column from its per-batch parts; a key whose values differ in type
     across parts (AMD's "stream": "0x0" on runtime calls, 0 on kernels) becomes JSON."""
+    if len(parts) == 1:
+        return Attr(key, parts[0].type, parts[0].rows, parts[0].values)
     rows = np.concatenate([p.rows for p in parts])
     types = {p.type for p in parts}
     if len(types) == 1:

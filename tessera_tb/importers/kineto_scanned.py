@@ -48,12 +48,13 @@ class _Ids:
         self.lookup = np.full(len(file_strings), -1, dtype=np.int32)
 
     def __call__(self, ids: np.ndarray) -> np.ndarray:
-        if ids.size == 0:
-            return np.zeros(0, dtype=np.int32)
-        distinct = np.unique(ids)
-        for i in distinct[self.lookup[distinct] < 0].tolist():
-            self.lookup[i] = self.strings.intern(self.file_strings[i])
-        return self.lookup[ids]
+        mapped = self.lookup[ids]
+        new = mapped < 0
+        if new.any():
+            for i in np.unique(ids[new]).tolist():
+                self.lookup[i] = self.strings.intern(self.file_strings[i])
+            mapped = self.lookup[ids]
+        return mapped
 
 
 def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) -> SpanColumns:
@@ -65,12 +66,13 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
         return np.frombuffer(scan[name], dtype=dtype)
 
     ph = col("ph", np.int32)
-    phase_ids = np.unique(ph).tolist()
+    phase_count = np.bincount(ph, minlength=len(text))
+    phase_ids = np.flatnonzero(phase_count).tolist()
     phase = {i: text[i] for i in phase_ids}
     slice_ids = [i for i in phase_ids if phase[i] in _SLICE_PHASES]
     flow_ids = [i for i in phase_ids if phase[i] in _FLOW_PHASES]
     skipped = {
-        phase[i]: int((ph == i).sum())
+        phase[i]: int(phase_count[i])
         for i in phase_ids
         if phase[i] not in _SLICE_PHASES and phase[i] not in _FLOW_PHASES and phase[i] != "M"
     }
@@ -85,7 +87,12 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
     cat, name = col("cat", np.int32), col("name", np.int32)
     ts_us, dur_us = col("ts", np.float64), col("dur", np.float64)
 
-    idx = np.flatnonzero(np.isin(ph, slice_ids))
+    # Each event's class by a lookup on its phase's string id: 1 slice, 2 flow point.
+    phase_class = np.zeros(len(text), dtype=np.uint8)
+    phase_class[slice_ids] = 1
+    phase_class[flow_ids] = 2
+    event_class = phase_class[ph]
+    idx = np.flatnonzero(event_class == 1)
     n = idx.size
     x_id = next((i for i in phase_ids if phase[i] == "X"), -1)
     is_x = ph[idx] == x_id
@@ -102,7 +109,7 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
     external_id = np.zeros(n, dtype=np.int64)
     attr_parts = _attr_parts(scan, idx, ids, text, correlation, external_id)
 
-    fidx = np.flatnonzero(np.isin(ph, flow_ids))
+    fidx = np.flatnonzero(event_class == 2)
     fts = ts_us[fidx]
     check_finite(path, fts, fidx, "ts")
     flow_id = col("id_val", np.int64)[fidx].copy()
@@ -171,18 +178,32 @@ def _attr_parts(
     types = np.frombuffer(scan["arg_type"], dtype=np.uint8)
     values = np.frombuffer(scan["arg_val"], dtype=np.int64)
     key_sid = np.frombuffer(scan["arg_key_sid"], dtype=np.int32).tolist()
-    bounds = np.frombuffer(scan["arg_key_start"], dtype=np.int64).tolist()
+    bounds_arr = np.frombuffer(scan["arg_key_start"], dtype=np.int64)
+    bounds = bounds_arr.tolist()
+    keep = (rows >= 0) & (types != T_NULL)  # args of slices only; a null is kept as absent
+    # Per key, in one pass each: the type codes among its kept arguments (a bit each), and
+    # whether it has any argument to drop.
+    starts = bounds_arr[:-1][np.diff(bounds_arr) > 0]
+    type_bits = np.where(keep, np.left_shift(1, types, dtype=np.int64), 0)
+    bits_of = dict.fromkeys(range(len(key_sid)), 0)
+    drop_of = dict(bits_of)
+    if starts.size:
+        nonempty = np.flatnonzero(np.diff(bounds_arr) > 0).tolist()
+        bits_of.update(zip(nonempty, np.bitwise_or.reduceat(type_bits, starts).tolist()))
+        drop_of.update(zip(nonempty, (~np.logical_and.reduceat(keep, starts)).tolist()))
+    canon = _canonical_json(types, values, keep, ids, text)
     parts: dict[str, _AttrPart] = {}
     for k, sid in enumerate(key_sid):
+        bits = bits_of[k]
+        if not bits:
+            continue  # no argument of a slice, or only nulls
         lo, hi = bounds[k], bounds[k + 1]
         r, t, v = rows[lo:hi], types[lo:hi], values[lo:hi]
-        keep = (r >= 0) & (t != T_NULL)  # args of slices only; a null is kept as absent
-        if not keep.all():
-            r, t, v = r[keep], t[keep], v[keep]
-        if not r.size:
-            continue
+        if drop_of[k]:
+            sel = keep[lo:hi]
+            r, t, v = r[sel], t[sel], v[sel]
         key = text[sid]
-        present = set(np.flatnonzero(np.bincount(t, minlength=8)).tolist())
+        present = {code for code in range(8) if bits >> code & 1}
         if key in _PROMOTED:
             target = correlation if key in CORRELATION_KEYS else external_id
             if present == {T_INT}:
@@ -190,11 +211,27 @@ def _attr_parts(
             else:
                 target[r] = [int_or_zero(x) for x in _python_values(t, v, text)]
             continue
-        parts[key] = _typed_part(r, t, v, present, ids, text)
+        parts[key] = _typed_part(r, t, v, present, ids, text, canon)
     return parts
 
 
-def _typed_part(rows, t, v, present: set, ids: _Ids, text: list[str]) -> _AttrPart:
+def _canonical_json(types, values, keep, ids: _Ids, text: list[str]) -> np.ndarray:
+    """For each string id that is the text of a list or object argument, the worker's string
+    id of its compact JSON (as msgspec encodes it: no spaces, numbers re-spelled), all in one
+    decode; -1 elsewhere. Shapes and strides repeat a lot, so there are few distinct texts."""
+    canon = np.full(len(text), -1, dtype=np.int32)
+    raw = values[keep & (types == T_RAW)]
+    if raw.size:
+        distinct = np.flatnonzero(np.bincount(raw, minlength=len(text)))
+        decoded = _ANY.decode("[" + ",".join([text[i] for i in distinct.tolist()]) + "]")
+        texts = [_JSON.encode(value).decode() for value in decoded]
+        canon[distinct] = ids.strings.intern_many(texts)
+    return canon
+
+
+def _typed_part(
+    rows, t, v, present: set, ids: _Ids, text: list[str], canon: np.ndarray
+) -> _AttrPart:
     """The column type rules of kineto_columns._typed_part, on type codes."""
     if present <= {T_FALSE, T_TRUE}:
         return _AttrPart(rows, "bool", (t == T_TRUE).astype(np.uint8))
@@ -209,12 +246,8 @@ def _typed_part(rows, t, v, present: set, ids: _Ids, text: list[str]) -> _AttrPa
         return _AttrPart(rows, "float64", out)
     if present == {T_STR}:
         return _AttrPart(rows, "string", ids(v.astype(np.int32)))
-    if present == {T_RAW}:
-        # Lists and objects (shapes, strides): the compact JSON text of each distinct value.
-        distinct, inverse = np.unique(v, return_inverse=True)
-        values = _ANY.decode("[" + ",".join([text[i] for i in distinct.tolist()]) + "]")
-        canon = [_JSON.encode(value).decode() for value in values]
-        return _AttrPart(rows, "json", ids.strings.intern_many(canon)[inverse.reshape(-1)])
+    if present == {T_RAW}:  # lists and objects (shapes, strides)
+        return _AttrPart(rows, "json", canon[v])
     return _AttrPart(rows, "json", intern_json(ids.strings, _python_values(t, v, text)))
 
 

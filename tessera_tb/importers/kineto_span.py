@@ -95,10 +95,10 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     tracks = cols.tracks
 
     # Kinds, by category, then refined by name.
-    kind = np.zeros(n, dtype=np.uint8)
-    for cid in np.unique(cat_id):
-        k = _CAT_KIND.get(strings.strings[cid].lower(), "other")
-        kind[cat_id == cid] = KIND[k]
+    kind_of_string = np.zeros(len(strings.strings), dtype=np.uint8)
+    for cid in np.flatnonzero(np.bincount(cat_id, minlength=len(strings.strings))).tolist():
+        kind_of_string[cid] = KIND[_CAT_KIND.get(strings.strings[cid].lower(), "other")]
+    kind = kind_of_string[cat_id]
     memory_id = strings.ids.get("[memory]")
     if memory_id is not None:
         kind[(name_id == memory_id) & ~is_x] = KIND["memory"]
@@ -108,9 +108,10 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     kernel = kind == KIND["kernel"]
     if coll_rows is not None:
         kind[coll_rows[kernel[coll_rows]]] = KIND["collective"]
-    for nid in np.unique(name_id[kernel]):
-        if strings.strings[nid].startswith(_COLLECTIVE_PREFIXES):
-            kind[kernel & (name_id == nid)] = KIND["collective"]
+    collective_name = np.zeros(len(strings.strings), dtype=bool)
+    for nid in np.unique(name_id[kernel]).tolist():
+        collective_name[nid] = strings.strings[nid].startswith(_COLLECTIVE_PREFIXES)
+    kind[kernel & collective_name[name_id]] = KIND["collective"]
 
     track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
     parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id)
@@ -195,10 +196,13 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
 
 def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple[int, int]]:
     """(step number, row) of every ProfilerStep#N slice of a step-marker category."""
-    step_cats = [i for s, i in strings.ids.items() if s.lower() in _STEP_CATS]
-    if not step_cats:
+    used_cats = np.flatnonzero(np.bincount(cat_id, minlength=len(strings.strings)))
+    is_step_cat = np.zeros(len(strings.strings), dtype=bool)
+    for i in used_cats.tolist():
+        is_step_cat[i] = strings.strings[i].lower() in _STEP_CATS
+    if not is_step_cat.any():
         return []
-    candidates = np.flatnonzero(np.isin(cat_id, step_cats) & is_x)
+    candidates = np.flatnonzero(is_step_cat[cat_id] & is_x)
     out = []
     for nid in np.unique(name_id[candidates]).tolist():
         m = _STEP_NAME.match(strings.strings[nid])
