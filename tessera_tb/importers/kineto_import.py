@@ -12,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import re
-import secrets
 import shutil
 import time
 from collections.abc import Callable, Iterable
@@ -305,7 +304,7 @@ def _make_staging_dir(parent: str) -> str:
     """A new hidden directory in `parent`, with the permissions a plain mkdir gives (it
     becomes the run: tempfile.mkdtemp's owner-only mode would hide it from other users)."""
     while True:
-        path = os.path.join(parent, f".tessera-import-{secrets.token_hex(6)}")
+        path = os.path.join(parent, f".tessera-import-{os.urandom(6).hex()}")
         try:
             os.mkdir(path)
             return path
