@@ -15,6 +15,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import msgspec
@@ -292,6 +293,47 @@ def _import_worker(
     return result
 
 
+def default_jobs() -> int:
+    """Workers imported at once when not told: the CPUs, at most 4 (past that the threads
+    mostly wait for the GIL, and every one holds a whole trace in memory)."""
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def _import_workers(
+    by_worker: dict[str, list[str]],
+    run_dir: str,
+    steps: set[int] | None,
+    nvml: str | None,
+    progress: Progress,
+    warnings: list[str],
+    jobs: int,
+) -> list[WorkerImport]:
+    """Each worker's import, in worker order, `jobs` at a time. On the first failure the
+    workers not started yet are cancelled and the error is raised once the others end."""
+    jobs = min(len(by_worker), jobs if jobs > 0 else default_jobs()) or 1
+    per_worker: dict[str, list[str]] = {w: [] for w in by_worker}
+
+    def one(worker: str) -> WorkerImport:
+        files = by_worker[worker]
+        nvml_path = nvml if nvml is not None else _nvml_beside(files, worker)
+        return _import_worker(
+            worker, files, run_dir, steps, nvml_path, progress, per_worker[worker]
+        )
+
+    if jobs == 1:
+        results = [one(w) for w in by_worker]
+    else:
+        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tessera-import")
+        futures = [pool.submit(one, w) for w in by_worker]
+        try:
+            results = [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+    for w in by_worker:
+        warnings.extend(per_worker[w])
+    return results
+
+
 def _nvml_beside(files: list[str], worker: str) -> str | None:
     for f in files:
         candidate = os.path.join(os.path.dirname(f), f"nvml_{worker}.csv")
@@ -346,8 +388,13 @@ def import_traces(
     nvml: str | None = None,
     overwrite: bool = False,
     progress: Progress | None = None,
+    jobs: int = 1,
 ) -> ImportResult:
     """Import Kineto traces into `<logdir>/<run>`; returns what was written.
+
+    `jobs`: how many workers (ranks) to import at once, in threads (0: as many as there are
+    workers, at most `default_jobs()`). The gunzip, the C scanner, compression and file
+    writes run without the GIL, so several ranks overlap; each holds its trace in memory.
 
     `nvml` names one NVML sample CSV for a single-worker import; otherwise
     `nvml_<worker>.csv` beside a worker's traces is used when present.
@@ -384,15 +431,10 @@ def import_traces(
     parking = tmp_run + ".replaced"
     warnings: list[str] = []
     try:
-        results = []
-        for worker, files in by_worker.items():
-            nvml_path = nvml if nvml is not None else _nvml_beside(files, worker)
-            # Millions of objects are made and freed by reference counting alone; the
-            # collector's passes over them cost up to a fifth of the import.
-            with kineto_decode.gc_paused():
-                results.append(
-                    _import_worker(worker, files, tmp_run, steps, nvml_path, progress, warnings)
-                )
+        # Millions of objects are made and freed by reference counting alone; the
+        # collector's passes over them cost up to a fifth of the import.
+        with kineto_decode.gc_paused():
+            results = _import_workers(by_worker, tmp_run, steps, nvml, progress, warnings, jobs)
         if not any(r.steps for r in results):
             raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
         if os.path.exists(dest):

@@ -32,6 +32,14 @@ def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", help="comma-separated workers to import, e.g. rank0,rank1")
     p.add_argument("--nvml", metavar="FILE", help="NVML sample CSV for a single-worker import")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    p.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="workers (ranks) to import at once (default: the CPUs, at most 4; 1: one by one)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -49,6 +57,8 @@ def run(args: argparse.Namespace) -> int:
             "reinstall with gcc and Python's headers (python3-dev) to build it"
         )
     try:
+        if args.jobs < 0:
+            raise ValueError(f"--jobs must be 0 (automatic) or more, not {args.jobs}")
         steps = parse_steps(args.steps) if args.steps else None
         workers = (
             {w.strip() for w in args.workers.split(",") if w.strip()} if args.workers else None
@@ -65,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
             nvml=args.nvml,
             overwrite=args.overwrite,
             progress=progress,
+            jobs=args.jobs,
         )
     except (ImportFailed, ValueError) as exc:
         print(f"tessera-prof import: error: {exc}", file=sys.stderr)
