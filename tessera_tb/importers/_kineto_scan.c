@@ -1,4 +1,4 @@
-/* One pass over a Kineto trace's `traceEvents` JSON array, straight into columns.
+/* One pass over a Kineto trace's JSON text, its `traceEvents` straight into columns.
  *
  * The pure-Python importer decodes every event into a Python object and then copies its
  * fields into numpy columns; on a 600k-event trace that is most of the import. This module
@@ -12,7 +12,10 @@
  * number longer than 96 characters, a pid or tid beyond 64 bits), raises `Unsupported`: the
  * importer then takes the pure-Python path, which reads those or names the problem.
  *
- * Result of scan_events(buffer): a dict of
+ * scan_events(buffer) takes a whole trace: an object with a "traceEvents" list (every other
+ * member is checked as JSON and left undecoded), or a bare list of events. It returns a dict:
+ *   top        int64 (key string id, start, end) per other top-level member: its value's bytes
+ *   events_range   (start, end) bytes of the events list
  *   n          number of events
  *   strings    list[str], the file's string table (index 0 is "")
  *   ev_start, ev_end   int64 byte offsets of each event's object in the buffer
@@ -182,6 +185,8 @@ typedef struct {
     char why[160]; /* set when the input is not read here */
     int nomem;
     PyThreadState *unlocked; /* the GIL is released while scanning */
+    int64_t events_start, events_end; /* the traceEvents list's byte range */
+    Buf top;                          /* int64 (key id, start, end) per other top-level member */
 } Scan;
 
 static int fail(Scan *s, const char *what) {
@@ -714,6 +719,7 @@ nomem:
 static int scan_array(Scan *s) {
     skip_ws(s);
     if (s->p >= s->end || *s->p != '[') return fail(s, "traceEvents is not a list");
+    s->events_start = (int64_t)(s->p - s->base);
     s->p++;
     skip_ws(s);
     if (s->p < s->end && *s->p == ']') {
@@ -730,8 +736,51 @@ static int scan_array(Scan *s) {
             if (!more) break;
         }
     }
+    s->events_end = (int64_t)(s->p - s->base);
+    return 0;
+}
+
+/* A whole trace: a list of events, or an object whose "traceEvents" member is that list.
+ * Every other member is skipped (checked as JSON) and its byte range kept in s->top as
+ * (key string id, start, end), for the caller to decode. */
+static int scan_trace(Scan *s) {
     skip_ws(s);
-    if (s->p != s->end) return fail(s, "data after the events list");
+    if (s->p < s->end && *s->p == '[') {
+        if (scan_array(s)) return -1;
+    } else {
+        if (s->p >= s->end || *s->p != '{') return fail(s, "the trace is not a JSON object");
+        s->p++;
+        skip_ws(s);
+        int seen = 0;
+        if (s->p < s->end && *s->p == '}') return fail(s, "no traceEvents");
+        while (1) {
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != '"') return fail(s, "expected a key");
+            int32_t key;
+            if (intern_string(s, &key)) return -1;
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+            s->p++;
+            skip_ws(s);
+            const char *key_text = s->strs.arena.p + ((const size_t *)s->strs.offs.p)[key];
+            size_t key_len = ((const size_t *)s->strs.lens.p)[key];
+            if (key_len == 11 && memcmp(key_text, "traceEvents", 11) == 0) {
+                if (seen++) return fail(s, "traceEvents twice");
+                if (scan_array(s)) return -1;
+            } else {
+                int64_t start = (int64_t)(s->p - s->base);
+                if (skip_value(s, 1, NULL)) return -1;
+                int64_t entry[3] = {key, start, (int64_t)(s->p - s->base)};
+                if (buf_put(&s->top, entry, sizeof entry)) return s->nomem = 1, -1;
+            }
+            int more = after_item(s, '}', "expected ',' or '}' at the top level");
+            if (more < 0) return -1;
+            if (!more) break;
+        }
+        if (!seen) return fail(s, "no traceEvents");
+    }
+    skip_ws(s);
+    if (s->p != s->end) return fail(s, "data after the trace");
     return 0;
 }
 
@@ -784,7 +833,7 @@ static void scan_free(Scan *s) {
     Buf *bufs[] = {&s->scratch, &s->raw,    &s->ev_start, &s->ev_end, &s->ph,      &s->cat,
                    &s->name,    &s->pid,    &s->tid,      &s->ts,     &s->dur,     &s->id_val,
                    &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val,
-                   &s->key_of_sid, &s->key_sids, &s->key_start};
+                   &s->key_of_sid, &s->key_sids, &s->key_start, &s->top};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]->p);
 }
 
@@ -834,7 +883,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
     int rc = -1;
     if (ok) {
         s->unlocked = PyEval_SaveThread();
-        rc = scan_array(s);
+        rc = scan_trace(s);
         if (!rc && group_args(s)) s->nomem = 1;
         PyEval_RestoreThread(s->unlocked);
     }
@@ -850,7 +899,10 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
     if (!result) goto done;
     PyObject *n = PyLong_FromLongLong(s->n);
     PyObject *strings = string_list(&s->strs);
-    if (!n || !strings || PyDict_SetItemString(result, "n", n) ||
+    PyObject *range = Py_BuildValue("(LL)", (long long)s->events_start, (long long)s->events_end);
+    int bad_range = !range || PyDict_SetItemString(result, "events_range", range);
+    Py_XDECREF(range);
+    if (bad_range || !n || !strings || PyDict_SetItemString(result, "n", n) ||
         PyDict_SetItemString(result, "strings", strings)) {
         Py_XDECREF(n);
         Py_XDECREF(strings);
@@ -871,7 +923,8 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
                 {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
                 {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
                 {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val},
-                {"arg_key_sid", &s->key_sids}, {"arg_key_start", &s->key_start}};
+                {"arg_key_sid", &s->key_sids}, {"arg_key_start", &s->key_start},
+                {"top", &s->top}};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         if (put_column(result, cols[i].key, cols[i].buf)) {
             Py_CLEAR(result);
@@ -889,9 +942,10 @@ done:
 
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_O,
-     "scan_events(buffer) -> dict of columns: the JSON text of a traceEvents list, read in "
-     "one pass (see the module source for the columns). Raises Unsupported for input this "
-     "scanner does not read; the pure-Python path then takes it."},
+     "scan_events(buffer) -> dict of columns: the JSON text of a trace (an object with "
+     "traceEvents, or a list of events), read in one pass (see the module source for the "
+     "columns). Raises Unsupported for input this scanner does not read; the pure-Python "
+     "path then takes it."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {

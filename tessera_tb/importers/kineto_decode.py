@@ -90,10 +90,11 @@ def gc_paused():
 @dataclass
 class RawTrace:
     path: str
-    events_text: bytes | msgspec.Raw  # the JSON text of traceEvents
+    events_text: bytes | msgspec.Raw | memoryview  # the JSON text of traceEvents
     meta: dict[str, Any]  # every top-level key but traceEvents
     json_bytes: int
     scan: dict[str, Any] | None = None  # the C scanner's columns, when it read the events
+    scan_text: bytes | None = None  # the text the scanner's byte offsets refer to
     _raw_events: list[msgspec.Raw] | None = field(default=None, repr=False)
 
     @property
@@ -116,7 +117,7 @@ class RawTrace:
 
             starts = np.frombuffer(self.scan["ev_start"], dtype=np.int64)[indices].tolist()
             ends = np.frombuffer(self.scan["ev_end"], dtype=np.int64)[indices].tolist()
-            view = memoryview(self.events_text)
+            view = memoryview(self.scan_text)
             texts = [view[a:b] for a, b in zip(starts, ends)]
         return _EVENTS.decode(b"[" + b",".join(texts) + b"]")
 
@@ -215,12 +216,13 @@ def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.R
         return _RAW_LIST.decode(events_text)
 
 
-def _scan(events_text: bytes | msgspec.Raw) -> dict[str, Any] | None:
-    """The scanner's columns, or None where the pure-Python path must read the events."""
+def _scan(data: bytes) -> dict[str, Any] | None:
+    """The scanner's columns of a whole trace text, or None where the pure-Python path must
+    read it."""
     if not scanner_available():
         return None
     try:
-        return _kineto_scan.scan_events(events_text)
+        return _kineto_scan.scan_events(data)
     except _kineto_scan.Unsupported:
         return None
 
@@ -232,18 +234,29 @@ def decode(path: str, data: bytes) -> RawTrace:
     if first is None:
         raise TraceFormatError(path, "empty file, expected a JSON trace")
     with gc_paused():
+        # The scanner reads the whole text in one pass, the top level included; where it
+        # declines, msgspec splits the top level and the pure-Python path reads the events.
+        scan = _scan(data)
         with _json_errors(path):
-            if first.group() == b"[":
-                top: dict[str, Any] = {}
-                events_text: bytes | msgspec.Raw = data
+            if scan is not None:
+                view = memoryview(data)
+                strings = scan["strings"]
+                spans = memoryview(scan["top"]).cast("q").tolist()
+                top: dict[str, Any] = {
+                    strings[k]: view[a:b] for k, a, b in zip(spans[::3], spans[1::3], spans[2::3])
+                }
+                events_start, events_end = scan["events_range"]
+                events_text: bytes | msgspec.Raw | memoryview = view[events_start:events_end]
+            elif first.group() == b"[":
+                top = {}
+                events_text = data
             else:
                 top = _TOP.decode(data)
                 if "traceEvents" not in top:
                     raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
                 events_text = top.pop("traceEvents")
-        scan = _scan(events_text)
-        raw_events = None if scan is not None else _split_events(path, events_text)
-        meta = {k: _ANY.decode(v) for k, v in top.items()}
+            raw_events = None if scan is not None else _split_events(path, events_text)
+            meta = {k: _ANY.decode(v) for k, v in top.items()}
     version = meta.get("schemaVersion", 1)
     if not isinstance(version, int) or version > KINETO_SCHEMA_MAX:
         raise TraceFormatError(
@@ -257,6 +270,7 @@ def decode(path: str, data: bytes) -> RawTrace:
         meta=meta,
         json_bytes=len(data),
         scan=scan,
+        scan_text=data if scan is not None else None,
         _raw_events=raw_events,
     )
 

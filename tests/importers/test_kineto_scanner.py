@@ -61,8 +61,11 @@ def _resolved(step) -> dict:
 
 @pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
 def test_scanner_and_pure_python_read_the_same_steps(path, monkeypatch):
-    fast = _steps(_read(path, scanner=True, monkeypatch=monkeypatch))
-    slow = _steps(_read(path, scanner=False, monkeypatch=monkeypatch))
+    fast_trace = _read(path, scanner=True, monkeypatch=monkeypatch)
+    slow_trace = _read(path, scanner=False, monkeypatch=monkeypatch)
+    assert fast_trace.meta == slow_trace.meta  # every top-level member but traceEvents
+    assert fast_trace.event_count == slow_trace.event_count
+    fast, slow = _steps(fast_trace), _steps(slow_trace)
     assert [s.step for s in fast] == [s.step for s in slow]
     for a, b in zip(fast, slow):
         ra, rb = _resolved(a), _resolved(b)
@@ -137,6 +140,10 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
         b'[{"ph": "X", "ts": 1',
         b'[{"ph": "X", "name": "a\\x"}]',
         b"[3]",
+        b'{"traceEvents": [], "traceEvents": []}',  # msgspec keeps the last: left to it
+        b'{"schemaVersion": 1}',  # no traceEvents: the pure-Python path says so
+        b'{"traceEvents": []} []',
+        b'{"a": [1, 2}, "traceEvents": []}',
     ],
 )
 def test_scanner_declines_what_it_does_not_read(text):
@@ -144,6 +151,20 @@ def test_scanner_declines_what_it_does_not_read(text):
 
     with pytest.raises(_kineto_scan.Unsupported):
         _kineto_scan.scan_events(text)
+
+
+def test_scanner_reads_the_top_level_around_the_events():
+    from tessera_tb.importers import _kineto_scan
+
+    text = b' {"a": {"b": [1, "x"]}, "traceEvents": [{"ph": "X"}], "baseTimeNanoseconds": 7}\n'
+    out = _kineto_scan.scan_events(text)
+    spans = memoryview(out["top"]).cast("q").tolist()
+    members = {
+        out["strings"][k]: text[a:b] for k, a, b in zip(spans[::3], spans[1::3], spans[2::3])
+    }
+    assert members == {"a": b'{"b": [1, "x"]}', "baseTimeNanoseconds": b"7"}
+    start, end = out["events_range"]
+    assert text[start:end] == b'[{"ph": "X"}]' and out["n"] == 1
 
 
 def test_declined_input_still_gets_the_pure_python_error(tmp_path):
