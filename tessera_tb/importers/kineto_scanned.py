@@ -24,6 +24,7 @@ from tessera_tb.importers.kineto_columns import (
     _AttrPart,
     _merge_parts,
     check_finite,
+    factorize,
     int_or_zero,
     intern_json,
     us_to_ns,
@@ -150,17 +151,16 @@ def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray
     if pid.size == 0:
         return np.zeros(0, dtype=np.int32)
     pair = (pid.astype(np.int64) << 32) | tid.astype(np.int64)
-    distinct, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
-    lookup = np.empty(distinct.size, dtype=np.int32)
-    for j in np.argsort(first, kind="stable").tolist():
-        p = int(distinct[j])
+    codes, distinct = factorize(pair.tolist())  # in order of first appearance
+    lookup = np.empty(len(distinct), dtype=np.int32)
+    for j, p in enumerate(distinct):
         key = (text[p >> 32], text[p & 0xFFFFFFFF])
         t = tracks.by_key.get(key)
         if t is None:
             t = tracks.by_key[key] = len(tracks.keys)
             tracks.keys.append(key)
         lookup[j] = t
-    return lookup[inverse.reshape(-1)]
+    return lookup[codes]
 
 
 def _attr_parts(

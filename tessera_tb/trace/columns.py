@@ -25,6 +25,7 @@ _DTYPES = {
     pb.FLOAT64: np.dtype("<f8"),
 }
 _CODES = {dt: code for code, dt in _DTYPES.items()}
+_LITTLE = {dt.name: dt for dt in _DTYPES.values()}  # "int32" -> little-endian int32
 
 # zlib level 1 compresses the shuffled columns nearly as well as level 6 at a
 # fraction of the time (bench/ingest.py prints bytes per event).
@@ -42,7 +43,7 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
     `delta`: True/False forces difference coding; None (the default) tries both for
     integer columns and keeps the smaller (offsets and ids shrink, names do not).
     """
-    arr = np.ascontiguousarray(values, dtype=np.dtype(dtype).newbyteorder("<"))
+    arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
     out.dtype = _CODES[arr.dtype]
     out.count = arr.size
     if delta is None and arr.dtype.kind == "i" and arr.size > 2:
