@@ -1,6 +1,6 @@
 """Analysis benchmark: each analysis' wall time and peak RSS, after loading, per input.
 
-    /work/venv/bin/python bench/analyses.py [--quick]
+    .venv/bin/python bench/analyses.py [--quick]
 
 Inputs (imported once into bench/out/analyses/, git-ignored):
 - the largest shared trace (hta_tests/trace_diff/control: one rank of an 8-rank A100 job,

@@ -16,8 +16,8 @@ stops its trace and, for the handlers, the window is written out) against the ot
 the same mode; the time spent in the session's hand-over callback; the background writer's
 busy time per window; and how long after its hand-over a window's step files were written.
 
-    /work/venv/bin/python bench/capture_overhead.py              # CPU, ~1-2 min on 2 cores
-    /work/venv/bin/python bench/capture_overhead.py --device cuda
+    .venv/bin/python bench/capture_overhead.py              # CPU, ~1-2 min on 2 cores
+    .venv/bin/python bench/capture_overhead.py --device cuda
 """
 
 from __future__ import annotations

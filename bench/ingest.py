@@ -1,6 +1,6 @@
 """Ingest benchmark: Tessera import vs HTA load vs a bare json.load, side by side.
 
-    /work/venv/bin/python bench/ingest.py [--quick] [--skip-hta] [--repeat N] [--cprofile]
+    .venv/bin/python bench/ingest.py [--quick] [--skip-hta] [--repeat N] [--cprofile]
 
 Inputs: every *.json.gz under <repo>/../shared/traces, a 10x scaled copy of the
 single-GPU trace and a one-step copy of it holding ~600k events (bench/scale_trace.py;

@@ -1,9 +1,9 @@
 """Latency and size of the Tessera plugin's routes, through a real TensorBoard.
 
-    /work/venv/bin/python bench/plugin.py                # largest demo run and a 10x copy
-    /work/venv/bin/python bench/plugin.py --factor 5     # a 5x copy instead
-    /work/venv/bin/python bench/plugin.py --skip-scaled  # the demo run only
-    /work/venv/bin/python bench/plugin.py --repeat 30    # more warm samples
+    .venv/bin/python bench/plugin.py                # largest demo run and a 10x copy
+    .venv/bin/python bench/plugin.py --factor 5     # a 5x copy instead
+    .venv/bin/python bench/plugin.py --skip-scaled  # the demo run only
+    .venv/bin/python bench/plugin.py --repeat 30    # more warm samples
 
 Runs:
 - `fsdp_gpt_4rank`: the largest demo run (4 ranks x 3 steps), copied from demo_runs/;
