@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from tessera_tb.trace.columns import DEFLATE_ERRORS
 from tessera_tb.trace.columns import deflate_module as deflate
@@ -54,7 +55,6 @@ KINETO_SCHEMA_MAX = 1
 _TOP = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
 _EVENTS = msgspec.json.Decoder(list[RawEvent])
-_EVENT = msgspec.json.Decoder(RawEvent)
 _ANY = msgspec.json.Decoder()
 
 try:
@@ -113,8 +113,6 @@ class RawTrace:
         if self.scan is None:
             texts = [self.raw_events[i] for i in indices]
         else:
-            import numpy as np
-
             starts = np.frombuffer(self.scan["ev_start"], dtype=np.int64)[indices].tolist()
             ends = np.frombuffer(self.scan["ev_end"], dtype=np.int64)[indices].tolist()
             view = memoryview(self.scan_text)
@@ -124,8 +122,6 @@ class RawTrace:
     def first_categories(self, count: int) -> set[str]:
         """The categories of the first `count` events."""
         if self.scan is not None:
-            import numpy as np
-
             cats = np.unique(np.frombuffer(self.scan["cat"], dtype=np.int32)[:count])
             return {self.scan["strings"][c] for c in cats.tolist()}
         for _, events in self.iter_chunks(size=count):
