@@ -18,7 +18,6 @@
  *   events_range   (start, end) bytes of the events list
  *   n          number of events
  *   strings    list[str], the file's string table (index 0 is "")
- *   ev_start, ev_end   int64 byte offsets of each event's object in the buffer
  *   ph, cat, name, pid, tid   int32 string ids (pid/tid numbers as their decimal text)
  *   ts, dur    float64 microseconds, NaN when missing or null
  *   id_val     int64 flow id (0 when missing or null); id_sid int32 string id of a string id, else -1
@@ -174,7 +173,7 @@ typedef struct {
     Interner strs;
     Buf scratch; /* a decoded string with escapes */
     Buf raw;     /* a nested argument value's compact text */
-    Buf ev_start, ev_end, ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
+    Buf ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
     Buf arg_ev, arg_key, arg_type, arg_val;
     Buf key_of_sid;  /* int32 per string id: its dense key number, -1 if not an args key */
     Buf key_sids;    /* int32 per dense key number: its string id */
@@ -623,7 +622,6 @@ static int read_time(Scan *s, double *out) {
 }
 
 static int read_event(Scan *s) {
-    int64_t start = (int64_t)(s->p - s->base);
     int32_t ph = 0, cat = 0, name = 0, pid = s->zero_id, tid = s->zero_id, id_sid = -1;
     double ts = NAN, dur = NAN;
     int64_t id_val = 0;
@@ -698,9 +696,6 @@ static int read_event(Scan *s) {
             if (!more) break;
         }
     }
-    int64_t end = (int64_t)(s->p - s->base);
-    PUT(s->ev_start, int64_t, start);
-    PUT(s->ev_end, int64_t, end);
     PUT(s->ph, int32_t, ph);
     PUT(s->cat, int32_t, cat);
     PUT(s->name, int32_t, name);
@@ -830,7 +825,7 @@ static int group_args(Scan *s) {
 
 static void scan_free(Scan *s) {
     interner_free(&s->strs);
-    Buf *bufs[] = {&s->scratch, &s->raw,    &s->ev_start, &s->ev_end, &s->ph,      &s->cat,
+    Buf *bufs[] = {&s->scratch, &s->raw,    &s->ph,       &s->cat,
                    &s->name,    &s->pid,    &s->tid,      &s->ts,     &s->dur,     &s->id_val,
                    &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val,
                    &s->key_of_sid, &s->key_sids, &s->key_start, &s->top};
@@ -918,8 +913,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
     struct {
         const char *key;
         Buf *buf;
-    } cols[] = {{"ev_start", &s->ev_start}, {"ev_end", &s->ev_end}, {"ph", &s->ph},
-                {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
+    } cols[] = {{"ph", &s->ph},             {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
                 {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
                 {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
                 {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val},

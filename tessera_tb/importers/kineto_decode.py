@@ -94,7 +94,6 @@ class RawTrace:
     meta: dict[str, Any]  # every top-level key but traceEvents
     json_bytes: int
     scan: dict[str, Any] | None = None  # the C scanner's columns, when it read the events
-    scan_text: bytes | None = None  # the text the scanner's byte offsets refer to
     _raw_events: list[msgspec.Raw] | None = field(default=None, repr=False)
 
     @property
@@ -107,17 +106,6 @@ class RawTrace:
     @property
     def event_count(self) -> int:
         return self.scan["n"] if self.scan is not None else len(self.raw_events)
-
-    def decode_events(self, indices: list[int]) -> list[RawEvent]:
-        """Chosen events as RawEvents, in one decode (the scanner keeps each event's bytes)."""
-        if self.scan is None:
-            texts = [self.raw_events[i] for i in indices]
-        else:
-            starts = np.frombuffer(self.scan["ev_start"], dtype=np.int64)[indices].tolist()
-            ends = np.frombuffer(self.scan["ev_end"], dtype=np.int64)[indices].tolist()
-            view = memoryview(self.scan_text)
-            texts = [view[a:b] for a, b in zip(starts, ends)]
-        return _EVENTS.decode(b"[" + b",".join(texts) + b"]")
 
     def first_categories(self, count: int) -> set[str]:
         """The categories of the first `count` events."""
@@ -266,7 +254,6 @@ def decode(path: str, data: bytes) -> RawTrace:
         meta=meta,
         json_bytes=len(data),
         scan=scan,
-        scan_text=data if scan is not None else None,
         _raw_events=raw_events,
     )
 

@@ -29,7 +29,7 @@ from tessera_tb.importers.kineto_columns import (
     intern_json,
     us_to_ns,
 )
-from tessera_tb.importers.kineto_decode import RawTrace
+from tessera_tb.importers.kineto_decode import RawEvent, RawTrace
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import FLOW_PHASES
 
@@ -78,14 +78,13 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
         if phase[i] not in _SLICE_PHASES and phase[i] not in _FLOW_PHASES and phase[i] != "M"
     }
     meta_ids = [i for i in phase_ids if phase[i] == "M"]
-    meta_events = (
-        trace.decode_events(np.flatnonzero(ph == meta_ids[0]).tolist()) if meta_ids else []
-    )
 
     ids = _Ids(text, strings)
     tracks = Tracks()
     pid, tid = col("pid", np.int32), col("tid", np.int32)
     cat, name = col("cat", np.int32), col("name", np.int32)
+    meta_rows = np.flatnonzero(ph == meta_ids[0]) if meta_ids else np.zeros(0, dtype=np.int64)
+    meta_events = _meta_events(scan, meta_rows, text, pid, tid, name)
     ts_us, dur_us = col("ts", np.float64), col("dur", np.float64)
 
     # Each event's class by a lookup on its phase's string id: 1 slice, 2 flow point.
@@ -144,6 +143,32 @@ def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) ->
         tracks=tracks,
         skipped_phases=skipped,
     )
+
+
+def _meta_events(scan, rows: np.ndarray, text: list[str], pid, tid, name) -> list[RawEvent]:
+    """The metadata events (ph M: thread and process names, sort indices) as RawEvents,
+    built from the columns: their arguments are rows of the argument table like any other."""
+    if not rows.size:
+        return []
+    is_meta = np.zeros(scan["n"], dtype=bool)
+    is_meta[rows] = True
+    arg_ev = np.frombuffer(scan["arg_ev"], dtype=np.int32)
+    sel = np.flatnonzero(is_meta[arg_ev])
+    key_sid = np.frombuffer(scan["arg_key_sid"], dtype=np.int32)
+    bounds = np.frombuffer(scan["arg_key_start"], dtype=np.int64)
+    keys = key_sid[np.searchsorted(bounds, sel, side="right") - 1]
+    values = _python_values(
+        np.frombuffer(scan["arg_type"], dtype=np.uint8)[sel],
+        np.frombuffer(scan["arg_val"], dtype=np.int64)[sel],
+        text,
+    )
+    args: dict[int, dict[str, Any]] = {}
+    for event, key, value in zip(arg_ev[sel].tolist(), keys.tolist(), values.tolist()):
+        args.setdefault(event, {})[text[key]] = value
+    return [
+        RawEvent(ph="M", name=text[name[i]], pid=text[pid[i]], tid=text[tid[i]], args=args.get(i))
+        for i in rows.tolist()
+    ]
 
 
 def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray) -> np.ndarray:
@@ -256,7 +281,9 @@ def _python_values(t: np.ndarray, v: np.ndarray, text: list[str]) -> np.ndarray:
     floats = v.view(np.float64)
     out = np.empty(t.size, dtype=object)
     for j, (code, value) in enumerate(zip(t.tolist(), v.tolist())):
-        if code == T_FALSE or code == T_TRUE:
+        if code == T_NULL:
+            out[j] = None
+        elif code == T_FALSE or code == T_TRUE:
             out[j] = code == T_TRUE
         elif code == T_INT:
             out[j] = value

@@ -49,7 +49,7 @@ def _resolved(step) -> dict:
     for a in step.attrs:
         values = s[a.values] if a.type in ("string", "json") else a.values
         attrs[a.key] = (a.type, a.rows.tolist(), values.tolist())
-    tracks = [(t.kind, t.pid, t.tid, t.device, t.stream, t.name) for t in step.tracks]
+    tracks = [(t.kind, t.pid, t.tid, t.device, t.stream, t.name, t.sort_index) for t in step.tracks]
     return {
         "step": (step.step, step.start_ns, step.end_ns),
         "events": {k: v.tolist() for k, v in ev.items()},
