@@ -103,18 +103,21 @@ class Tracks:
         self.by_key: dict[tuple[str, str], int] = {}
         self.keys: list[tuple[str, str]] = []
 
+    def id_of(self, key: tuple[str, str]) -> int:
+        """The track id of a (pid, tid) text pair, a new one if it is new."""
+        j = self.by_key.get(key)
+        if j is None:
+            j = self.by_key[key] = len(self.keys)
+            self.keys.append(key)
+        return j
+
     def ids(self, pids: list, tids: list) -> np.ndarray:
         if not pids:
             return np.zeros(0, dtype=np.int32)
         codes, uniques = factorize(list(zip(pids, tids)))
-        lookup = np.empty(len(uniques), dtype=np.int32)
-        for i, (pid, tid) in enumerate(uniques):
-            key = (str(pid), str(tid))
-            j = self.by_key.get(key)
-            if j is None:
-                j = self.by_key[key] = len(self.keys)
-                self.keys.append(key)
-            lookup[i] = j
+        lookup = np.fromiter(
+            (self.id_of((str(p), str(t))) for p, t in uniques), dtype=np.int32, count=len(uniques)
+        )
         return lookup[codes]
 
 
@@ -188,10 +191,10 @@ class _Accumulator:
         x_code = next((i for i, p in enumerate(phases) if p == "X"), -1)
         is_x = codes[idx] == x_code
         ts = np.array([e.ts for e in evs], dtype=np.float64)
-        self._check_finite(ts, idx + offset, "ts")
+        check_finite(self.path, ts, idx + offset, "ts")
         dur = np.array([e.dur for e in evs], dtype=np.float64)
         dur[~is_x] = 0.0
-        self._check_finite(dur, idx + offset, "dur")
+        check_finite(self.path, dur, idx + offset, "dur")
         if (dur < 0).any():
             i = int(idx[np.flatnonzero(dur < 0)[0]]) + offset
             raise TraceFormatError(self.path, f"traceEvents[{i}] has a negative 'dur'")
@@ -212,9 +215,6 @@ class _Accumulator:
             external_id=external_id,
         )
         self.n_slices += n
-
-    def _check_finite(self, values: np.ndarray, index: np.ndarray, name: str) -> None:
-        check_finite(self.path, values, index, name)
 
     def _add_args(self, args_list, rows, correlation, external_id) -> None:
         dicts = [a or _EMPTY for a in args_list]
@@ -259,17 +259,14 @@ class _Accumulator:
             return _AttrPart(rows, "float64", v.astype(np.float64))
         if types == {str}:
             return _AttrPart(rows, "string", self.strings.intern_many(v))
-        return _AttrPart(rows, "json", self._intern_json(v))
-
-    def _intern_json(self, values: np.ndarray) -> np.ndarray:
-        return intern_json(self.strings, values)
+        return _AttrPart(rows, "json", intern_json(self.strings, v))
 
     def _add_flows(self, offset, events, idx) -> None:
         pts = [events[i] for i in idx.tolist()]
         if not pts:
             return
         ts = np.array([p.ts for p in pts], dtype=np.float64)
-        self._check_finite(ts, idx + offset, "ts")
+        check_finite(self.path, ts, idx + offset, "ts")
         self._put(
             self.flow_cols,
             flow_id=np.fromiter((int_or_zero(p.id) for p in pts), np.int64, count=len(pts)),
@@ -307,7 +304,9 @@ class _Accumulator:
             for k, dt in flow_dtypes.items()
         }
         flows["row"] = np.full(flows["flow_id"].size, -1, dtype=np.int32)
-        attrs = [self._merge(key, parts) for key, parts in sorted(self.attr_parts.items())]
+        attrs = [
+            _merge_parts(key, parts, self.strings) for key, parts in sorted(self.attr_parts.items())
+        ]
         return SpanColumns(
             attrs=attrs,
             flows=flows,
@@ -316,9 +315,6 @@ class _Accumulator:
             skipped_phases=self.skipped,
             **cols,
         )
-
-    def _merge(self, key: str, parts: list[_AttrPart]) -> Attr:
-        return _merge_parts(key, parts, self.strings)
 
 
 def _merge_parts(key: str, parts: list[_AttrPart], strings: StringTable) -> Attr:

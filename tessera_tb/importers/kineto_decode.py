@@ -6,7 +6,7 @@ Handles `.json` and `.json.gz`, the current format (lower-case categories,
 
 Two ways to read the events, with the same results:
 - the C scanner (`_kineto_scan`, built at install when a C compiler is present) reads the
-  `traceEvents` text once into columns, with no Python object per event;
+  whole trace text once, its events into columns, with no Python object per event;
 - the pure-Python path decodes events into `RawEvent` structs with msgspec, a batch at a
   time. It is used when the scanner is not built, when TESSERA_PURE_PYTHON=1, and for input
   the scanner declines (malformed events among them: this path names the problem).

@@ -177,14 +177,11 @@ def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray
         return np.zeros(0, dtype=np.int32)
     pair = (pid.astype(np.int64) << 32) | tid.astype(np.int64)
     codes, distinct = factorize(pair.tolist())  # in order of first appearance
-    lookup = np.empty(len(distinct), dtype=np.int32)
-    for j, p in enumerate(distinct):
-        key = (text[p >> 32], text[p & 0xFFFFFFFF])
-        t = tracks.by_key.get(key)
-        if t is None:
-            t = tracks.by_key[key] = len(tracks.keys)
-            tracks.keys.append(key)
-        lookup[j] = t
+    lookup = np.fromiter(
+        (tracks.id_of((text[p >> 32], text[p & 0xFFFFFFFF])) for p in distinct),
+        dtype=np.int32,
+        count=len(distinct),
+    )
     return lookup[codes]
 
 

@@ -49,19 +49,14 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
     if delta is None and arr.dtype.kind == "i" and arr.size > 2:
         if arr.nbytes < _MIN_COMPRESS_BYTES:
             delta = False  # stored uncompressed either way, so both forms are the same size
-        elif arr.size <= _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
+        elif arr.size > _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
+            delta = _delta_pays(arr)
+        else:
             plain = _pack(arr)
             diffs = _pack(_deltas(arr))
             out.delta = len(diffs[2]) < len(plain[2])
             out.shuffle, out.codec, out.data = diffs if out.delta else plain
             return
-        else:
-            delta = _delta_pays(arr)
-        out.delta = delta
-        if delta:
-            arr = _deltas(arr)
-        out.shuffle, out.codec, out.data = _pack(arr)
-        return
     if delta and arr.dtype.kind != "i":
         raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
     if delta and arr.size:
