@@ -42,7 +42,6 @@ def kind_mask(kinds: np.ndarray) -> np.ndarray:
 
 
 IS_DEVICE_WORK = kind_mask(DEVICE_WORK_KINDS)
-IS_DEVICE = kind_mask(DEVICE_KINDS)
 IS_HOST_TREE = kind_mask(HOST_TREE_KINDS)
 IS_LAUNCH = kind_mask(LAUNCH_KINDS)
 

@@ -79,6 +79,13 @@ def _scan_one(events: list) -> dict:
     return _kineto_scan.scan_events(json.dumps(events).encode())
 
 
+def test_the_type_codes_are_the_scanners_own():
+    from tessera_tb.importers import _kineto_scan, kineto_scanned
+
+    for name in ("T_NULL", "T_FALSE", "T_TRUE", "T_INT", "T_FLOAT", "T_STR", "T_RAW", "T_BIGINT"):
+        assert getattr(kineto_scanned, name) == getattr(_kineto_scan, name), name
+
+
 def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
     events = [
         {
