@@ -127,7 +127,9 @@ def pageable_copy(fixed: bool):
 
 def unfused_optimizer(fixed: bool):
     model = nn.Sequential(*[nn.Linear(256, 256) for _ in range(96)]).to(DEV)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, **({"fused": True} if fixed else {"foreach": False}))
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-4, **({"fused": True} if fixed else {"foreach": False})
+    )
     x = torch.randn(256, 256, device=DEV)
 
     def step():
