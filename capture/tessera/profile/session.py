@@ -6,7 +6,12 @@ schedule which steps are recorded, and runs the sources the machine has:
 - PyTorch (`sources/torch_source.py`) when torch is importable and a torch activity is
   asked for: Kineto CPU ops, kernels, copies, collectives, memory, shapes, stacks;
 - NVML (`sources/nvml_source.py`) for `power` when a driver is present;
-- the host source (`sources/host.py`): regions, marks, user counters, step timing, always.
+- the host source (`sources/host.py`): regions, marks, user counters, step timing, always;
+- NVTX ranges per step and per region when CUDA is there (`nvtx_markers.py`).
+
+Under Nsight Compute or Nsight Systems (`nvtx_markers.injected_tool`) the session records
+the NVTX markers only: no Kineto (the tool holds CUPTI, Kineto would see no device work),
+no writer, nothing written to the run directory, and one line on stderr says so.
 
 What a source could not capture is a capability tag in the worker's `meta.pb`. Everything
 after the hand-over (decoding, merging, writing) runs on the background writer
@@ -29,6 +34,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from tessera.profile import scheduling as sched
 from tessera.profile.failures import WarningBox
+from tessera.profile.nvtx_markers import injected_tool, torch_nvtx_markers
 from tessera.profile.sources import host
 
 ACTIVITIES = ("cpu", "gpu", "memcpy", "collective", "memory", "power")
@@ -143,6 +149,9 @@ class Session:
         self.handed_over_at: list[float] = []  # time.monotonic() of each window's hand-over
         self._torch_missing = ""
         self._await_nvml = False
+        # Under Nsight Compute / Systems: the tool's name, and only NVTX markers are recorded.
+        self.markers_only: str | None = None
+        self.nvtx = None  # nvtx_markers.NvtxMarkers when CUDA is there
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -159,6 +168,9 @@ class Session:
         self.worker = worker_name(self.rank, self.distributed)
         if self.ranks is not None and self.rank not in self.ranks:
             return self  # this rank runs untouched: no profiler, step() does nothing
+        tool = injected_tool()
+        if tool is not None:
+            return self._start_markers_only(tool)
         if self.run_dir is None:
             self.run_dir = tempfile.mkdtemp(prefix="tessera-run-")
         if not self._prepare_dir():
@@ -188,9 +200,12 @@ class Session:
         self._await_nvml = config["nvml"] is not None
         if self._await_nvml and self.schedule.is_active(0):
             self._wait_for_nvml()
-        host.set_current(self.recorder)
+        self.nvtx = torch_nvtx_markers(torch or sys.modules.get("torch"))
+        host.set_current(self.recorder, self.nvtx)
         self._running = True
         atexit.register(self.stop)  # a session never stopped is still flushed at exit
+        if self.nvtx is not None:
+            self.nvtx.start_step(0)
         if want_torch:
             self._start_torch(torch)
         if self.torch_source is None:
@@ -203,9 +218,15 @@ class Session:
         """End the current step and start the next (calls `prof.step()` under torch)."""
         if not self._running:
             return
+        if self.markers_only is not None:
+            self.step_num += 1
+            self.nvtx.start_step(self.step_num)
+            return
         t0 = time.perf_counter_ns()
         now = time.time_ns()
         ending = self.step_num
+        if self.nvtx is not None:
+            self.nvtx.start_step(ending + 1)
         recorder = self.recorder
         if recorder.recording:
             self.writer.submit_host(recorder.take(ending, self._step_start_ns, now))
@@ -242,6 +263,11 @@ class Session:
             return
         self._running = False
         atexit.unregister(self.stop)
+        if self.nvtx is not None:
+            self.nvtx.end_step()
+        if self.markers_only is not None:
+            host.set_current(None)
+            return
         now = time.time_ns()
         if self.recorder.recording:
             self.writer.submit_host(self.recorder.take(self.step_num, self._step_start_ns, now))
@@ -305,6 +331,33 @@ class Session:
         return table
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _start_markers_only(self, tool: str) -> Session:
+        """Under an Nsight tool: NVTX step and region ranges only, nothing written."""
+        self.markers_only = tool
+        torch = sys.modules.get("torch")
+        if torch is None and self.activities & set(_TORCH_ACTIVITIES):
+            with contextlib.suppress(Exception):
+                import torch
+        self.nvtx = torch_nvtx_markers(torch) if torch is not None else None
+        where = self.run_url or self.run_dir or "the run directory"
+        if self.nvtx is None:
+            what = "no CUDA, so no NVTX markers either"
+        else:
+            what = "recording NVTX step and region ranges only (tessera_step_N)"
+        print(
+            f"tessera capture: running under {tool}: {what}; no Kineto trace, nothing written "
+            f"to {where}",
+            file=sys.stderr,
+            flush=True,
+        )
+        if self.nvtx is None:
+            return self
+        host.set_current(None, self.nvtx)
+        self._running = True
+        atexit.register(self.stop)
+        self.nvtx.start_step(0)
+        return self
 
     def _prepare_dir(self) -> bool:
         from tessera_tb.trace import layout

@@ -86,11 +86,15 @@ class HostRecorder:
 
 # The recorder of the session that is running in this process (None: regions are no-ops).
 _current: HostRecorder | None = None
+# The running session's NVTX markers (nvtx_markers.NvtxMarkers), None without CUDA: regions
+# then also open an NVTX push/pop range of their name.
+_nvtx = None
 
 
-def set_current(recorder: HostRecorder | None) -> None:
-    global _current
+def set_current(recorder: HostRecorder | None, nvtx=None) -> None:
+    global _current, _nvtx
     _current = recorder
+    _nvtx = nvtx
 
 
 class region:  # noqa: N801 (used like a function: `with profile.region("fwd"):`)
@@ -108,12 +112,16 @@ class region:  # noqa: N801 (used like a function: `with profile.region("fwd"):`
         self._starts: list[int] = []
 
     def __enter__(self) -> region:
+        if _nvtx is not None:
+            _nvtx.push(self.name)
         self._starts.append(time.time_ns())
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         end_ns = time.time_ns()
         start_ns = self._starts.pop()
+        if _nvtx is not None:
+            _nvtx.pop()
         recorder = _current
         if recorder is not None:
             recorder.add_region(self.name, start_ns, end_ns)
