@@ -48,7 +48,9 @@ from tessera_tb.backend.breakdown import (
     priority_cover_ns,
     window_events,
 )
+from tessera_tb.backend.devices import DevicePeaks
 from tessera_tb.backend.intervals import union_length_ns
+from tessera_tb.backend.kernel_findings import describe_kernel_finding, kernel_finding_numbers
 from tessera_tb.backend.selection import resolve_workers, steady_state_step
 from tessera_tb.backend.summary import tensor_core_eligible_kernels
 from tessera_tb.trace.reader import Run
@@ -195,13 +197,18 @@ def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
 
 
 def step_finding_numbers(
-    step: StepData, neighbours: Sequence[StepData] = (), data_regions: Iterable[str] = ()
+    step: StepData,
+    neighbours: Sequence[StepData] = (),
+    data_regions: Iterable[str] = (),
+    peaks: DevicePeaks | None = None,
 ) -> dict[tuple[str, str], dict[str, float]]:
     """The numbers behind every finding kind for one step, before any threshold.
 
     Keys are (kind, subject) (subject: the collective type, else ""); values map number names
-    to values, always with `win_ns` and `span_ns`. Kinds that cannot occur in the step (no
-    collectives, no pageable copy, ...) are absent.
+    to values, always with `win_ns` and `span_ns`; the kernel-level kinds
+    (`kernel_findings`) add an `items` list of evidence rows. Kinds that cannot occur in the
+    step (no collectives, no pageable copy, ...) are absent. `peaks`: the device's peaks,
+    needed by `gemm_below_roof` (without them that kind is skipped).
     """
     window = window_events(step, neighbours, data_regions)
     intervals = category_intervals(window)
@@ -308,6 +315,7 @@ def step_finding_numbers(
                 "family_ns": family_ns,
                 "no_tensor_core_ns": other_ns,
             }
+    out.update(kernel_finding_numbers(step, window, gpu_idle, peaks))
     return out
 
 
@@ -406,7 +414,7 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
             f"use bf16 autocast or allow TF32"
         )
         return title, evidence
-    raise ValueError(f"unknown finding kind {kind!r}")
+    return describe_kernel_finding(kind, n, where)
 
 
 def _rank_findings(
@@ -420,8 +428,16 @@ def _rank_findings(
     out = []
     for key in sorted({k for f in per_step for k in f}):
         names = sorted({name for f in per_step if key in f for name in f[key]})
+        # Evidence lists and names (`items`, `region`) are not medians: they come from the
+        # step whose win is the median one (the upper median over an even count).
+        present = sorted((f[key]["win_ns"], i) for i, f in enumerate(per_step) if key in f)
+        median_step = per_step[present[len(present) // 2][1]][key]
         numbers = {
-            name: float(np.median([f.get(key, {}).get(name, 0.0) for f in per_step]))
+            name: (
+                median_step.get(name)
+                if not isinstance(median_step.get(name, 0.0), (int, float))
+                else float(np.median([f.get(key, {}).get(name, 0.0) for f in per_step]))
+            )
             for name in names
         }
         numbers["span_ns"] = span
@@ -444,6 +460,16 @@ def _rank_findings(
     return out
 
 
+def _worker_peaks(run: Run, worker: str) -> DevicePeaks | None:
+    """The worker's device peaks (`roofline.run_peaks`), None for a device not in the table."""
+    from tessera_tb.backend.roofline import run_peaks
+
+    try:
+        return run_peaks(run, worker)
+    except ValueError:
+        return None
+
+
 def _where(steps: Sequence[int]) -> str:
     if len(steps) == 1:
         return f"step {steps[0]}"
@@ -455,9 +481,10 @@ def step_findings(
     neighbours: Sequence[StepData] = (),
     data_regions: Iterable[str] = (),
     min_win_pct: float = MIN_WIN_PCT,
+    peaks: DevicePeaks | None = None,
 ) -> pd.DataFrame:
     """The findings of one step, ranked; columns as `findings` without worker, rank, steps."""
-    per_step = [step_finding_numbers(step, neighbours, data_regions)]
+    per_step = [step_finding_numbers(step, neighbours, data_regions, peaks)]
     rows = _rank_findings(per_step, _where([step.step]), min_win_pct)
     cols = FINDING_COLUMNS[3:]
     df = pd.DataFrame(rows, columns=cols)
@@ -487,8 +514,9 @@ def findings(
     regions = tuple(data_regions)
     per_worker: dict[str, list] = {w: [] for w in names}
     seen_steps: dict[str, list[int]] = {w: [] for w in names}
+    peaks_of = {w: _worker_peaks(run, w) for w in names}
     for worker, step, neighbours in iter_with_neighbours(run, names, steps):
-        per_worker[worker].append(step_finding_numbers(step, neighbours, regions))
+        per_worker[worker].append(step_finding_numbers(step, neighbours, regions, peaks_of[worker]))
         seen_steps[worker].append(step.step)
     rows = []
     for worker in names:

@@ -1,0 +1,199 @@
+"""The planted-problem suite (bench/planted_problems.py, captured on an H100 into
+tests/data/planted): each problem run's finding names the planted problem among its top two,
+is gone in the fixed run, and predicts the win measured between the two runs.
+
+Measured win = median step span of the problem run minus that of the fixed run. The spans are
+used (not planted.json's profiler-free times) because the prediction is made from the profiled
+run: both sides of the comparison then carry the same profiler overhead. The bench script
+bench/planted_findings.py prints both.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+
+import numpy as np
+import pytest
+
+from bench.planted_findings import PLANTED_KINDS, PlantedRow, median_span_ms, planted_rows
+from tessera_tb.backend.devices import device_peaks
+from tessera_tb.backend.findings import findings, step_findings
+from tessera_tb.backend.kernel_findings import (
+    ATTAINABLE_ROOF_FRACTION,
+    TINY_KERNEL_NS,
+    kernel_arch_tag,
+)
+from tessera_tb.trace import open_run
+from tessera_tb.trace.step import KIND
+from tests.conftest import ROOT
+
+PLANTED = os.path.join(ROOT, "tests", "data", "planted")
+H100 = device_peaks("NVIDIA H100 80GB HBM3")
+
+# The one planted problem whose prediction misses: `.item()` per layer. The finding predicts the
+# GPU idle after each sync (1.1 ms per step); removing the NaN check also removes the host time
+# of the isnan/any ops that feed it, which the profiled, host-bound step shows as 3.7 ms (the
+# profiler-free steps differ by 1.6 ms, within the band). Two generic host-idle findings
+# (7.2 ms, 2.6 ms) rank above it. Strict: these start failing when the model is improved.
+KNOWN_MISSES = {"item_sync"}
+
+
+@pytest.fixture(scope="module")
+def rows() -> dict[str, PlantedRow]:
+    return {r.problem: r for r in planted_rows(PLANTED)}
+
+
+def run_of(problem: str, variant: str):
+    with open(os.path.join(PLANTED, "planted.json")) as f:
+        entry = json.load(f)["problems"][problem][variant]
+    return open_run(os.path.join(PLANTED, entry["run"]))
+
+
+def one(df, kind: str):
+    rows = df[df["kind"] == kind]
+    assert len(rows) == 1, f"expected one {kind} finding, got {len(rows)}"
+    return rows.iloc[0]
+
+
+def mark_known(problem: str):
+    if problem in KNOWN_MISSES:
+        return pytest.param(
+            problem, marks=pytest.mark.xfail(strict=True, reason="see KNOWN_MISSES")
+        )
+    return problem
+
+
+@pytest.mark.parametrize("problem", [mark_known(p) for p in PLANTED_KINDS])
+def test_the_planted_problem_is_among_the_top_two_findings(problem, rows):
+    assert rows[problem].rank is not None and rows[problem].rank <= 2
+
+
+@pytest.mark.parametrize("problem", list(PLANTED_KINDS))
+def test_the_finding_is_gone_in_the_fixed_run(problem, rows):
+    assert rows[problem].rank is not None
+    assert not rows[problem].in_fixed
+
+
+@pytest.mark.parametrize("problem", [mark_known(p) for p in PLANTED_KINDS])
+def test_the_predicted_win_is_within_30pct_or_1ms_of_the_measured_one(problem, rows):
+    r = rows[problem]
+    assert r.span_ms > 0
+    assert r.within(r.span_ms), f"predicted {r.predicted_ms:.2f} ms, measured {r.span_ms:.2f} ms"
+
+
+def test_the_measured_win_is_the_difference_of_median_step_spans():
+    bad, good = run_of("tiny_kernels", "problem"), run_of("tiny_kernels", "fixed")
+    spans = [bad.load_step("worker0", s).span_ns for s in bad.steps]
+    fixed = [good.load_step("worker0", s).span_ns for s in good.steps]
+    assert median_span_ms(bad) - median_span_ms(good) == pytest.approx(
+        (statistics.median(spans) - statistics.median(fixed)) / 1e6
+    )
+
+
+def test_fixed_runs_with_nothing_left_to_win_have_no_finding():
+    for problem in ("unaligned_gemm", "pageable_copy"):
+        run = run_of(problem, "fixed")
+        assert findings(run, steps=run.steps).empty, problem
+
+
+def test_an_unaligned_vocabulary_gemm_cites_its_dims_its_old_kernel_and_the_roof():
+    """The LM head of the workload: x [4096, 1024] @ w[50257, 1024]^T, forward and two
+    backward GEMMs, twice per step: six GEMMs of 2 x 4096 x 1024 x 50257 FLOPs each."""
+    run = run_of("unaligned_gemm", "problem")
+    step = run.load_step("worker0", 3)
+    ev = step.events
+    names = step.string_values(ev["name_id"])
+    gemm = np.flatnonzero(
+        (ev["kind"] == KIND["kernel"]) & np.array(["cutlass_75" in n for n in names])
+    )
+    assert gemm.size == 6
+    flops = 2 * 4096 * 1024 * 50257
+    kernel_ns = ev["dur_ns"][gemm].astype(float)
+    hand_win = float((kernel_ns - flops / (ATTAINABLE_ROOF_FRACTION * 989e12) * 1e9).sum())
+    f = one(step_findings(step, peaks=H100), "gemm_below_roof")
+    assert f["win_ms_per_step"] * 1e6 == pytest.approx(hand_win, rel=1e-6)
+    assert f["numbers"]["ops"] == 6
+    top = f["numbers"]["items"][0]
+    assert top["roof_pct"] == pytest.approx(
+        100 * 2 * flops / (989e12 * top["dur_ns"] * 1e-9), rel=1e-6
+    )
+    assert "50257 not multiples of 8" in f["title"] and "sm75 on an sm90" in f["title"]
+    assert "4096x50257x1024" in f["evidence"]
+
+
+def test_without_device_peaks_there_is_no_roof_finding():
+    run = run_of("unaligned_gemm", "problem")
+    step = run.load_step("worker0", 3)
+    assert "gemm_below_roof" not in step_findings(step)["kind"].tolist()
+
+
+def test_a_host_sync_counts_the_gpu_idle_after_each_item_call():
+    """12 layers, one `.item()` each: 12 cudaStreamSynchronize per step, under aten::item."""
+    run = run_of("item_sync", "problem")
+    step = run.load_step("worker0", 3)
+    df = step.frame()
+    device = df[df["kind"].isin(["kernel", "memcpy", "memset", "collective"])]
+    syncs = df[df["name"] == "cudaStreamSynchronize"]
+    assert len(syncs) == 12
+    hand = 0
+    for _, s in syncs.iterrows():
+        done = device[device["start_ns"] < s["end_ns"]]["end_ns"].max()
+        after = device[device["start_ns"] >= s["end_ns"]]["start_ns"].min()
+        hand += max(min(after, step.end_ns) - max(s["start_ns"], done), 0)
+    f = one(step_findings(step), "host_sync")
+    assert f["win_ms_per_step"] * 1e6 == pytest.approx(hand)
+    assert f["numbers"]["count"] == 12
+    assert f["numbers"]["items"][0]["cause"].startswith("aten::item @ planted_problems.py(")
+
+
+def test_tiny_kernels_count_the_elementwise_chain():
+    """8 calls x 8 iterations x 7 ops (mul, add, sin, sigmoid, mul, mean, sub) = 448 kernels,
+    each under 10 us; the compiled variant launches 8 fused kernels and has no finding."""
+    run = run_of("tiny_kernels", "problem")
+    step = run.load_step("worker0", 3)
+    f = one(step_findings(step), "tiny_kernels")
+    assert f["numbers"]["count"] == 448 and f["numbers"]["ops"] == 448
+    assert f["numbers"]["runs"] == 1
+    ev = step.events
+    kernels = ev["kind"] == KIND["kernel"]
+    assert (ev["dur_ns"][kernels] < TINY_KERNEL_NS).sum() == 448
+    hand_host = 0
+    for r in np.flatnonzero(kernels):
+        op = ev["parent"][ev["launch"][r]]
+        while ev["parent"][op] >= 0 and ev["kind"][ev["parent"][op]] == KIND["cpu_op"]:
+            op = ev["parent"][op]
+        hand_host += ev["dur_ns"][op]
+    assert f["numbers"]["host_ns"] == hand_host
+
+
+def test_an_unfused_adamw_is_a_per_parameter_loop():
+    """96 Linear layers = 192 parameters; single-tensor AdamW launches 8 kernels per
+    parameter (mul_, lerp_, mul_, addcmul_, sqrt, div, add_, addcdiv_)."""
+    run = run_of("unfused_optimizer", "problem")
+    step = run.load_step("worker0", 3)
+    f = one(step_findings(step), "unfused_optimizer")
+    assert f["numbers"]["kernels"] == 192 * 8
+    df = step.frame()
+    region = df[df["name"] == "Optimizer.step#AdamW.step"].iloc[0]
+    assert f["numbers"]["region_ns"] >= region["dur_ns"]
+    assert f["win_ms_per_step"] * 1e6 == pytest.approx(
+        f["numbers"]["region_ns"] - f["numbers"]["device_ns"]
+    )
+    fused = run_of("unfused_optimizer", "fixed")
+    assert "unfused_optimizer" not in step_findings(fused.load_step("worker0", 3))["kind"].tolist()
+
+
+@pytest.mark.parametrize(
+    "name, arch",
+    [
+        ("void cutlass::Kernel2<cutlass_75_tensorop_bf16_s1688gemm_bf16_128x128_tn_align1>", 75),
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize128x128x8_stage3", 80),
+        ("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT", 90),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::sin_kernel_cuda>", None),
+        ("triton_per_fused_add_mean_mul_sigmoid_sin_sub_0", None),
+    ],
+)
+def test_the_architecture_tag_of_a_kernel_name(name, arch):
+    assert kernel_arch_tag(name) == arch
