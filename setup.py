@@ -45,6 +45,8 @@ setup(
         # Logdirs, runs and bundles on object storage (s3://, gs://) through fsspec.
         "s3": ["fsspec>=2023.6", "s3fs>=2023.6"],
         "gcs": ["fsspec>=2023.6", "gcsfs>=2023.6"],
+        # Import and cross-rank analyses on a Dask cluster (--dask, analyze.*(dask=...)).
+        "dask": ["dask[distributed]>=2024.1"],
         # playwright drives the system's Chromium (apt-get install chromium) in the plugin's
         # browser tests; it never downloads a browser of its own here. moto runs a local
         # S3-compatible server for the s3:// tests (boto3 is what TensorBoard reads S3 with).
@@ -56,6 +58,7 @@ setup(
             "boto3>=1.34",
             "fsspec>=2023.6",
             "s3fs>=2023.6",
+            "dask[distributed]>=2024.1",
             # The NVML sampler's "no driver" path is tested on machines without a GPU.
             "nvidia-ml-py",
         ],

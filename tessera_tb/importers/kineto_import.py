@@ -293,6 +293,36 @@ def _import_worker(
     return result
 
 
+def import_worker(
+    worker: str,
+    files: list[str],
+    run_dir: str,
+    *,
+    steps: set[int] | None = None,
+    nvml: str | None = None,
+    progress: Progress | None = None,
+    warnings: list[str] | None = None,
+) -> WorkerImport:
+    """Import one worker's (rank's) trace files, in span order, into `run_dir` (a staging
+    run directory: files written plainly, the worker's meta.pb last). The per-rank unit of
+    `import_traces`, run in its threads or as one Dask task (`dask_import`). Raises
+    TraceFormatError naming the file and the problem."""
+    return _import_worker(
+        worker,
+        files,
+        run_dir,
+        steps,
+        nvml,
+        progress or (lambda _msg: None),
+        warnings if warnings is not None else [],
+    )
+
+
+def nvml_file_of(files: list[str], worker: str) -> str | None:
+    """`nvml_<worker>.csv` beside a worker's trace files, when there is one."""
+    return _nvml_beside(files, worker)
+
+
 def default_jobs() -> int:
     """Workers imported at once when not told: the CPUs, at most 4 (past that the threads
     mostly wait for the GIL, and every one holds a whole trace in memory)."""
@@ -389,12 +419,17 @@ def import_traces(
     overwrite: bool = False,
     progress: Progress | None = None,
     jobs: int = 1,
+    dask: str | None = None,
 ) -> ImportResult:
     """Import Kineto traces into `<logdir>/<run>`; returns what was written.
 
     `jobs`: how many workers (ranks) to import at once, in threads (0: as many as there are
     workers, at most `default_jobs()`). The gunzip, the C scanner, compression and file
     writes run without the GIL, so several ranks overlap; each holds its trace in memory.
+
+    `dask`: a Dask scheduler (`tcp://host:8786`, or `local:N` for N worker processes on this
+    machine) that imports one worker per task instead (`dask_import`); `jobs` is then
+    ignored. The logdir must be a file system the cluster's workers share with this process.
 
     `nvml` names one NVML sample CSV for a single-worker import; otherwise
     `nvml_<worker>.csv` beside a worker's traces is used when present.
@@ -434,7 +469,14 @@ def import_traces(
         # Millions of objects are made and freed by reference counting alone; the
         # collector's passes over them cost up to a fifth of the import.
         with kineto_decode.gc_paused():
-            results = _import_workers(by_worker, tmp_run, steps, nvml, progress, warnings, jobs)
+            if dask is not None:
+                from tessera_tb.importers import dask_import
+
+                results = dask_import.import_workers_on_dask(
+                    dask, by_worker, tmp_run, steps, nvml, progress, warnings
+                )
+            else:
+                results = _import_workers(by_worker, tmp_run, steps, nvml, progress, warnings, jobs)
         if not any(r.steps for r in results):
             raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
         if os.path.exists(dest):

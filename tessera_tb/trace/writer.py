@@ -150,7 +150,9 @@ class WorkerWriter:
 
     def write_meta(self) -> str:
         path = os.path.join(self.directory, layout.META_FILE)
-        self._write(path, self.meta.SerializeToString())
+        # Deterministic: map fields (versions) in key order, so the same import writes the
+        # same bytes in any process (a Dask worker's import equals a local one).
+        self._write(path, self.meta.SerializeToString(deterministic=True))
         return path
 
     def _write(self, path: str, data: bytes) -> None:

@@ -7,6 +7,9 @@ nvml_<worker>.csv beside the traces become counter tracks.
 --logdir may be an fsspec URL (s3://bucket/runs, gs://...; pip install
 'tessera-profiler[s3]'): the run is imported locally, then uploaded file by file.
 
+--dask SCHEDULER imports one rank per task on a Dask cluster (tcp://host:8786, or local:N);
+each task writes its rank's files straight into the logdir, the run appears when all are done.
+
 Example:
   tessera-prof import runs_raw/ddp/ --logdir runs --run ddp
 """
@@ -40,6 +43,12 @@ def prepare_parser(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="workers (ranks) to import at once (default: the CPUs, at most 4; 1: one by one)",
     )
+    p.add_argument(
+        "--dask",
+        metavar="SCHEDULER",
+        help="import one rank per task on a Dask cluster: tcp://host:8786, or local:N for N "
+        "worker processes here (pip install 'tessera-profiler[dask]'; docs/SHARING.md)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no progress output")
 
 
@@ -64,8 +73,13 @@ def run(args: argparse.Namespace) -> int:
             {w.strip() for w in args.workers.split(",") if w.strip()} if args.workers else None
         )
         importer = import_traces
-        if layout.is_url(args.logdir):  # written locally, then uploaded (trace/remote.py)
+        extra = {}
+        if args.dask and layout.is_url(args.logdir):  # tasks upload straight to the URL
+            from tessera_tb.importers.dask_import import import_traces_dask_to_url as importer
+        elif layout.is_url(args.logdir):  # written locally, then uploaded (trace/remote.py)
             from tessera_tb.trace.remote import import_traces_to_url as importer
+        if args.dask:
+            extra["dask"] = args.dask
         result = importer(
             args.paths,
             args.logdir,
@@ -76,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
             overwrite=args.overwrite,
             progress=progress,
             jobs=args.jobs,
+            **extra,
         )
     except (ImportFailed, ValueError) as exc:
         print(f"tessera-prof import: error: {exc}", file=sys.stderr)
