@@ -37,6 +37,7 @@ Severity: "high" when the win is at least 10% of the step, "medium" at least 5%,
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -50,7 +51,11 @@ from tessera_tb.backend.breakdown import (
 )
 from tessera_tb.backend.devices import DevicePeaks
 from tessera_tb.backend.intervals import union_length_ns
-from tessera_tb.backend.kernel_findings import describe_kernel_finding, kernel_finding_numbers
+from tessera_tb.backend.kernel_findings import (
+    describe_kernel_finding,
+    kernel_finding_numbers,
+    kernel_finding_view,
+)
 from tessera_tb.backend.selection import resolve_workers, steady_state_step
 from tessera_tb.backend.summary import tensor_core_eligible_kernels
 from tessera_tb.trace.reader import Run
@@ -91,7 +96,18 @@ FINDING_COLUMNS = [
     "severity",
     "evidence",
     "numbers",
+    "link",
 ]
+# The plugin view that shows each step-time kind (state keys of the tab's URL hash).
+_KIND_VIEWS = {
+    "gpu_idle_host_bound": {"view": "timeline"},
+    "dataloader_stall": {"view": "timeline", "q": "enumerate(DataLoader)"},
+    "unrecorded_idle": {"view": "timeline"},
+    "exposed_collective": {"view": "collectives"},
+    "launch_bound_kernels": {"view": "kernels", "sort": "calls"},
+    "pageable_memcpy": {"view": "timeline", "q": "Pageable"},
+    "low_tensor_core_share": {"view": "roofline", "level": "op"},
+}
 
 
 def _num_attr(step: StepData, key: str, rows: np.ndarray) -> np.ndarray:
@@ -417,10 +433,36 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
     return describe_kernel_finding(kind, n, where)
 
 
+def finding_link(
+    kind: str,
+    subject: str,
+    numbers: dict,
+    run: str | None = None,
+    worker: str | None = None,
+    steps: Sequence[int] = (),
+) -> str:
+    """A deep link to the view and selection that show a finding: the tab's URL hash
+    (`#tessera&t.run=...&t.workers=...&t.steps=...&t.view=...`, docs/PLUGIN.md), without the
+    run and worker where they are not given."""
+    state = {"run": run, "workers": worker}
+    if steps:
+        lo, hi = min(steps), max(steps)
+        state["steps"] = str(lo) if lo == hi else f"{lo}-{hi}"
+    if kind in _KIND_VIEWS:
+        state.update(_KIND_VIEWS[kind])
+        if kind == "exposed_collective":
+            state["q"] = subject
+    else:
+        state.update(kernel_finding_view(kind, numbers))
+    parts = [f"t.{k}={quote(str(v), safe='')}" for k, v in state.items() if v]
+    return "#tessera&" + "&".join(parts)
+
+
 def _rank_findings(
     per_step: list[dict[tuple[str, str], dict[str, float]]],
     where: str,
     min_win_pct: float,
+    link_to: dict | None = None,
 ) -> list[dict]:
     """Median numbers over the steps, described and thresholded (callers sort)."""
     spans = [next(iter(f.values()))["span_ns"] for f in per_step if f]
@@ -455,6 +497,7 @@ def _rank_findings(
                 "severity": _severity(win_pct),
                 "evidence": evidence,
                 "numbers": numbers,
+                "link": finding_link(key[0], key[1], numbers, **(link_to or {})),
             }
         )
     return out
@@ -485,7 +528,7 @@ def step_findings(
 ) -> pd.DataFrame:
     """The findings of one step, ranked; columns as `findings` without worker, rank, steps."""
     per_step = [step_finding_numbers(step, neighbours, data_regions, peaks)]
-    rows = _rank_findings(per_step, _where([step.step]), min_win_pct)
+    rows = _rank_findings(per_step, _where([step.step]), min_win_pct, {"steps": [step.step]})
     cols = FINDING_COLUMNS[3:]
     df = pd.DataFrame(rows, columns=cols)
     return df.sort_values("win_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
@@ -506,7 +549,8 @@ def findings(
     `enumerate(DataLoader)*`). Columns: worker, rank, steps (tuple), kind, subject (the
     collective type for `exposed_collective`, else ""), title, win_ms_per_step,
     win_pct_of_step (of the median step time), severity, evidence (text), numbers (the
-    median numbers the title and evidence were made from; ns unless named otherwise).
+    median numbers the title and evidence were made from; ns unless named otherwise), link
+    (`finding_link`: the plugin view and selection that show it).
     """
     names = resolve_workers(run, workers)
     if steps is None:
@@ -524,7 +568,8 @@ def findings(
             continue
         rank = int(run.worker(worker).meta.rank)
         chosen = tuple(seen_steps[worker])
-        for f in _rank_findings(per_worker[worker], _where(chosen), min_win_pct):
+        link_to = {"run": run.name, "worker": worker, "steps": chosen}
+        for f in _rank_findings(per_worker[worker], _where(chosen), min_win_pct, link_to):
             rows.append({"worker": worker, "rank": rank, "steps": chosen, **f})
     df = pd.DataFrame(rows, columns=FINDING_COLUMNS)
     return df.sort_values(

@@ -534,3 +534,20 @@ def describe_kernel_finding(kind: str, n: dict, where: str) -> tuple[str, str]:
         )
         return title, evidence
     raise ValueError(f"unknown finding kind {kind!r}")
+
+
+def kernel_finding_view(kind: str, n: dict) -> dict[str, str]:
+    """The plugin view and settings that show a kind of this module (state keys of the tab's
+    URL hash, docs/PLUGIN.md): the kernels table searched for the slowest GEMM kernel, the
+    timeline searched for the sync call or the optimizer region, the operators table searched
+    for the op launching most tiny kernels."""
+    items = n.get("items") or [{}]
+    if kind == "gemm_below_roof":
+        return {"view": "kernels", "q": items[0].get("kernel", "")}
+    if kind == "host_sync":
+        return {"view": "timeline", "q": "Synchronize"}
+    if kind == "tiny_kernels":
+        return {"view": "operators", "q": items[0].get("op", ""), "sort": "calls"}
+    if kind == "unfused_optimizer":
+        return {"view": "timeline", "q": OPTIMIZER_PREFIX}
+    raise ValueError(f"unknown finding kind {kind!r}")

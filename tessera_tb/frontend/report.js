@@ -61,6 +61,11 @@ export async function renderReport() {
       },
       isCurrent: () => true,
       loadPlotly: async () => window.Plotly,
+      // A finding's link goes to the first section drawn by the view it names.
+      sectionLink: (view) => {
+        const id = view === "operators" || view === "kernels" ? view : (data.sections.find((x) => x.view === view) || {}).id;
+        return id && data.sections.some((x) => x.id === id) ? "#section-" + id : null;
+      },
     };
     pending.push(
       VIEWS[s.view](box, ctx).then(

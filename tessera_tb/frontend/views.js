@@ -124,6 +124,48 @@ function card(label, value, basis, cls) {
   );
 }
 
+// Settings a finding's link replaces (the rest of the selection is the link's own).
+const LINK_RESET = ["step", "k", "sort", "q", "table", "metric", "t0", "t1", "items", "level"];
+
+/** The state keys of a finding's deep link (`#tessera&t.view=...`, findings.finding_link). */
+function linkState(link) {
+  const state = {};
+  for (const part of String(link || "").replace(/^#/, "").split("&")) {
+    const eq = part.indexOf("=");
+    if (eq < 0 || !part.startsWith("t.")) continue;
+    state[decodeURIComponent(part.slice(2, eq))] = decodeURIComponent(part.slice(eq + 1));
+  }
+  return state;
+}
+
+/** "show": opens the view and selection of a finding. In the tab it changes the selection
+ * (the run stays the one shown); in the HTML report it jumps to the section of that view,
+ * or says where to look in TensorBoard when the report has no such section. */
+function findingLink(ctx, link) {
+  if (!link) return null;
+  const target = linkState(link);
+  if (ctx.app) {
+    const patch = Object.fromEntries(LINK_RESET.map((k) => [k, undefined]));
+    delete target.run;
+    return el("a", {
+      className: "finding-link",
+      href: link,
+      text: " show",
+      on: {
+        click: (e) => {
+          e.preventDefault();
+          ctx.setState({ ...patch, ...target });
+        },
+      },
+    });
+  }
+  const section = ctx.sectionLink ? ctx.sectionLink(target.view) : null;
+  const where = `${target.view}${target.q ? ` (search "${target.q}")` : ""}`;
+  return section
+    ? el("a", { className: "finding-link", href: section, title: where, text: ` show: ${where}` })
+    : el("span", { className: "finding-link", text: ` see ${where} in TensorBoard` });
+}
+
 async function overviewView(box, ctx) {
   const data = await ctx.fetch("overview");
   ctx.showErrors(data.errors);
@@ -173,6 +215,7 @@ async function overviewView(box, ctx) {
           el("span", { className: "title", text: f.title }),
           el("span", { className: "win", text: ` — up to ${fmtCell("win_ms_per_step", f.win_ms_per_step)}/step (${fmtCell("win_pct_of_step", f.win_pct_of_step)})` }),
           multi ? el("span", { className: "who", text: ` [${f.worker}]` }) : null,
+          findingLink(ctx, f.link),
           el("details", {}, el("summary", { text: "evidence" }), el("div", { className: "evidence", text: f.evidence })),
         ),
       ),

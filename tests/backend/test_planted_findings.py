@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -197,3 +198,26 @@ def test_an_unfused_adamw_is_a_per_parameter_loop():
 )
 def test_the_architecture_tag_of_a_kernel_name(name, arch):
     assert kernel_arch_tag(name) == arch
+
+
+@pytest.mark.parametrize(
+    "problem, view, q",
+    [
+        ("unaligned_gemm", "kernels", "void cutlass::Kernel2<cutlass_75_tensorop_bf16"),
+        ("item_sync", "timeline", "Synchronize"),
+        ("tiny_kernels", "operators", "aten::mul"),
+        ("unfused_optimizer", "timeline", "Optimizer.step#"),
+        ("pageable_copy", "timeline", "Pageable"),
+        ("fp32_matmul", "roofline", None),
+    ],
+)
+def test_each_planted_finding_links_to_the_view_that_shows_it(problem, view, q):
+    run = run_of(problem, "problem")
+    f = one(findings(run, steps=run.steps), PLANTED_KINDS[problem])
+    assert f["link"].startswith(f"#tessera&t.run={run.name}&t.workers=worker0&t.steps=2-4&")
+    state = dict(p.split("=", 1) for p in f["link"].split("&")[1:])
+    assert state["t.view"] == view
+    if q is None:
+        assert "t.q" not in state
+    else:
+        assert urllib.parse.unquote(state["t.q"]).startswith(q)

@@ -6,7 +6,7 @@ import os
 
 from tessera_tb.backend import topk
 from tessera_tb.trace import open_run
-from tests.conftest import DEMO_RUNS, tessera_prof
+from tests.conftest import DEMO_RUNS, ROOT, tessera_prof
 
 
 def _report(*args: str):
@@ -44,3 +44,15 @@ def test_report_of_a_missing_run_is_one_line_and_exit_2(tmp_path):
     proc = _report(str(tmp_path / "nope"))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "no such file" in proc.stderr
+
+
+def test_report_findings_list_their_deep_links():
+    run_dir = os.path.join(ROOT, "tests", "data", "planted", "unaligned_gemm_problem")
+    proc = _report(run_dir, "--section", "findings", "--steps", "2-4")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    row = next(ln for ln in lines if ln.strip().startswith("1 ") and "50257" in ln)
+    assert "17.38" in row
+    link = lines[lines.index("where to look (TensorBoard tab, URL hash):") + 1].strip()
+    assert link.startswith("1. #tessera&t.run=unaligned_gemm_problem&t.workers=worker0")
+    assert "&t.steps=2-4&t.view=kernels&t.q=void%20cutlass%3A%3AKernel2%3Ccutlass_75" in link

@@ -131,3 +131,23 @@ def test_html_in_names_stays_text_in_the_report(offline_page, shots, tmp_path):
     assert page.locator("#section-kernels b").count() == 0
     _screenshot(page, os.path.join(shots, "report_hostile.png"))
     assert record == {"errors": [], "requests": [], "dialogs": []}
+
+
+def test_a_finding_links_to_the_report_section_of_its_view(offline_page, tmp_path):
+    """The unaligned-GEMM run's finding points at the kernels table; the tiny-kernel one of
+    the ddp run at the operators table; a timeline view (not in the report) is named."""
+    page, record = offline_page
+    planted = os.path.join(os.path.dirname(DEMO_RUNS), "tests", "data", "planted")
+    path = str(tmp_path / "gemm.html")
+    write_report(open_run(os.path.join(planted, "unaligned_gemm_problem")), path)
+    _open(page, path)
+    links = page.locator("#section-overview .findings a.finding-link")
+    assert links.count() == 1
+    assert links.first.get_attribute("href") == "#section-kernels"
+    assert "cutlass_75" in links.first.get_attribute("title")
+    path = str(tmp_path / "sync.html")
+    write_report(open_run(os.path.join(planted, "item_sync_problem")), path)
+    _open(page, path)
+    texts = page.locator("#section-overview .findings .finding-link").all_inner_texts()
+    assert any('timeline (search "Synchronize") in TensorBoard' in t for t in texts)
+    assert record["errors"] == [] and record["requests"] == []

@@ -26,6 +26,24 @@ def test_overview_draws_the_breakdown_and_lists_findings(tab, tb_url):
     tab.assert_clean()
 
 
+def test_a_findings_show_link_opens_its_view_and_selection(tab, tb_url):
+    """The ddp run's tiny-kernel finding links to the operators table searched for the op
+    that launches most of them, on the finding's worker and steps."""
+    tab.open(run="ddp_gpt_2rank", view="overview")
+    found = rows(get_json(tb_url, "overview", run="ddp_gpt_2rank")["tables"]["findings"])
+    i, f = next((i, f) for i, f in enumerate(found) if f["kind"] == "tiny_kernels")
+    op = f["numbers"]["items"][0]["op"]
+    tab.frame.locator(".findings .finding").nth(i).locator("a.finding-link").click()
+    tab.wait_ready("operators")
+    assert tab.frame.locator(".topk-search").input_value() == op
+    names = tab.frame.locator("table.topk-operators tbody tr td:first-child").all_inner_texts()
+    assert names and all(op in n or n.startswith("(other") for n in names)
+    hash_ = tab.page.evaluate("window.location.hash")
+    assert f"t.workers={f['worker']}" in hash_ and "t.view=operators" in hash_
+    assert "t.steps=4-6" in hash_
+    tab.assert_clean()
+
+
 def test_single_worker_overview_shows_summary_cards(tab, tb_url):
     tab.open(run="gpt_1gpu", view="overview", steps="4-5")
     want = rows(get_json(tb_url, "overview", run="gpt_1gpu", steps="4-5")["tables"]["summary"])[0]

@@ -102,7 +102,11 @@ def _sections(run, args) -> dict:
 
     def findings():
         t = analyze.findings(run, workers=w, steps=s)
-        return t[["worker", "severity", "win_ms_per_step", "title"]].round(2), ""
+        out = t[["worker", "severity", "win_ms_per_step", "title"]].round(2)
+        out.insert(0, "n", range(1, len(out) + 1))
+        # Deep links in full (a table column would cut them): the plugin's view and selection.
+        links = "\n".join(f"  {i}. {link}" for i, link in enumerate(t["link"], 1))
+        return out, "", f"where to look (TensorBoard tab, URL hash):\n{links}" if links else ""
 
     def ops():
         t = analyze.ops(run, k=k, workers=w, steps=s)
@@ -172,8 +176,10 @@ def run(args: argparse.Namespace) -> int:
         chosen = args.section or list(SECTIONS)
         print(f"run {trace.path}: workers {', '.join(sorted(trace.workers))}; steps {trace.steps}")
         for name in chosen:
-            table, note = sections[name]()
+            table, note, *footer = sections[name]()
             _print(name, table, args.width, note)
+            if footer and footer[0]:
+                print(footer[0])
     except (TraceFormatError, KeyError, ValueError) as exc:
         print(f"tessera-prof report: error: {exc}", file=sys.stderr)
         return 2
