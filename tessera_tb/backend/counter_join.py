@@ -16,8 +16,8 @@ from tessera_tb.backend.linkage import owning_op_rows
 from tessera_tb.backend.selection import iter_selected, resolve_workers
 from tessera_tb.importers.kernel_names import kernel_base_name, kernel_name_key
 from tessera_tb.trace.kernel_counters import (
+    LINKED_METHODS,
     MATCH_BASE_NAME,
-    METHOD_NAME_ORDER,
     CounterProfile,
     load_kernel_counters,
 )
@@ -53,7 +53,7 @@ def linked_kernels(profile: CounterProfile, step: StepData) -> tuple[np.ndarray,
     A link is kept only if the event row is still the kernel it was matched with (same
     normalised name), so counters never attach to other kernels of re-imported step files.
     """
-    if profile.match_method != METHOD_NAME_ORDER:
+    if profile.match_method not in LINKED_METHODS:
         return np.zeros(0, np.int64), np.zeros(0, np.int32)
     idx = np.flatnonzero((profile.row >= 0) & (profile.step == step.step))
     rows = profile.row[idx]

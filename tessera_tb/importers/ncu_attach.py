@@ -26,12 +26,14 @@ from tessera_tb.importers.ncu_csv import counter_profile, read_ncu_csv
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import layout
 from tessera_tb.trace.atomic import write_bytes_atomic
+from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.kernel_counters import (
     MATCH_BASE_NAME,
     MATCH_NAME,
     MATCH_NONE,
     METHOD_COUNTER_ONLY,
     METHOD_NAME_ORDER,
+    METHOD_NVTX_STEP,
     CounterProfile,
     MatchReport,
     counters_path,
@@ -277,31 +279,82 @@ def import_ncu(
     worker: str | None = None,
     counter_only: bool = False,
     overwrite: bool = False,
+    ncu: str | None = None,
 ) -> ImportNcuResult:
-    """Read a raw-page CSV, match it with a worker's kernels and store it in the run.
+    """Read a raw-page CSV (or a `.ncu-rep`, through `ncu --import` when ncu is found), match
+    it with a worker's kernels and store it in the run.
 
-    Writes `<run>/plugins/tessera/<worker>/kernel_counters.pb` and records the match in the
-    worker's capabilities (`ncu_counters`, `ncu_kernel_match`), each file atomically. Raises
-    TraceFormatError (bad CSV or run) or ValueError (bad arguments); then nothing is written.
+    Rows inside the session's NVTX step ranges (`tessera_step_N`, as `tessera-prof counters`
+    records them) are joined by step (ncu_step_join.py); other reports by name and launch
+    order. Writes `<run>/plugins/tessera/<worker>/kernel_counters.pb` and records the match in
+    the worker's capabilities (`ncu_counters`, `ncu_kernel_match`), each file atomically.
+    Raises TraceFormatError (bad CSV or run) or ValueError (bad arguments); then nothing is
+    written.
     """
-    table = read_ncu_csv(csv_path)
     run = open_run(run_dir)
     worker = _choose_worker(run, worker)
     dest = counters_path(run_dir, worker)
-    existed = os.path.exists(dest)
-    if existed and not overwrite:
+    if os.path.exists(dest) and not overwrite:
         raise ValueError(f"{dest} exists: use --overwrite to replace it")
-    profile = counter_profile(table, worker)
-    if not counter_only:
-        config = None
-        if "Grid Size" in table.text and "Block Size" in table.text:
-            config = launch_config(table.text["Grid Size"], table.text["Block Size"])
-        attach(profile, run_kernel_sequence(run, worker), config)
+    if csv_path.endswith(".ncu-rep"):
+        table = _read_report(csv_path, ncu)
+    else:
+        table = read_ncu_csv(csv_path)
+    from tessera_tb.importers.ncu_step_join import join_steps, nvtx_steps
+
+    if not counter_only and (nvtx_steps(table) >= 0).any():
+        profile, _ = join_steps(table, run_kernel_sequence(run, worker), worker=worker)
+    else:
+        profile = counter_profile(table, worker)
+        if not counter_only:
+            config = None
+            if "Grid Size" in table.text and "Block Size" in table.text:
+                config = launch_config(table.text["Grid Size"], table.text["Block Size"])
+            attach(profile, run_kernel_sequence(run, worker), config)
+    path = store_counters(run_dir, run, profile)
+    return ImportNcuResult(path=path, worker=worker, profile=profile, notes=list(table.notes))
+
+
+def _read_report(report: str, ncu: str | None):
+    """A `.ncu-rep` read through `ncu --import ... --csv --page raw` into a temporary CSV."""
+    import tempfile
+
+    from tessera_tb.importers.ncu_runner import NcuError, export_raw_csv, find_ncu
+
+    if not os.path.isfile(report):
+        raise TraceFormatError(report, "no such file")
+    try:
+        exe = find_ncu(ncu)
+    except NcuError as exc:
+        raise ValueError(
+            f"{report}: reading a .ncu-rep needs ncu ({exc}); or export the CSV where ncu is: "
+            f"ncu --import {report} --csv --page raw > REPORT.csv"
+        ) from None
+    with tempfile.TemporaryDirectory(prefix="tessera-ncu-") as tmp:
+        csv_path = os.path.join(tmp, os.path.basename(report)[: -len(".ncu-rep")] + ".csv")
+        try:
+            export_raw_csv(exe, report, csv_path)
+        except NcuError as exc:
+            raise TraceFormatError(report, str(exc)) from None
+        table = read_ncu_csv(csv_path)
+    table.path = report
+    return table
+
+
+def store_counters(run_dir: str, run: Run, profile: CounterProfile) -> str:
+    """Write the worker's kernel_counters.pb and its capabilities in meta.pb (both atomically;
+    a failure writing meta.pb removes a counters file that did not exist before)."""
+    worker = profile.worker
+    dest = counters_path(run_dir, worker)
+    existed = os.path.exists(dest)
     meta = pb.WorkerMeta()
     meta.CopyFrom(run.worker(worker).meta)
     r, n = profile.report, profile.count
     _set_capability(
-        meta, "ncu_counters", "ok", f"Nsight Compute {profile.source}: {n} profiled kernels"
+        meta,
+        "ncu_counters",
+        "ok",
+        f"Nsight Compute {profile.source}: {r.profiled_kernels or n} profiled kernels",
     )
     if profile.match_method == METHOD_NAME_ORDER:
         _set_capability(
@@ -310,6 +363,8 @@ def import_ncu(
             "ok",
             f"{MATCH_NOTE}: {r.matched + r.matched_base_name} of {n} profiled kernels",
         )
+    elif profile.match_method == METHOD_NVTX_STEP:
+        _set_capability(meta, "ncu_kernel_match", "ok", profile.match_note)
     else:
         _set_capability(meta, "ncu_kernel_match", "unavailable", profile.match_note)
     path = write_kernel_counters(run_dir, profile)
@@ -322,4 +377,4 @@ def import_ncu(
         if not existed:
             os.unlink(path)
         raise
-    return ImportNcuResult(path=path, worker=worker, profile=profile, notes=list(table.notes))
+    return path

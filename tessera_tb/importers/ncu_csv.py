@@ -17,9 +17,11 @@ a metric the CSV lacks is all-NaN with a capability `unavailable:<why>`.
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import os
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -161,6 +163,11 @@ def _read_rows(path: str) -> list[list[str]]:
             raw = f.read()
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":  # a gzipped CSV (REPORT.csv.gz)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise TraceFormatError(path, f"corrupt gzip ({exc})") from None
     try:
         content = raw.decode("utf-8-sig")
     except UnicodeDecodeError:

@@ -23,12 +23,28 @@ from tessera_tb.trace.schema_version import SCHEMA_MAJOR, SCHEMA_MINOR
 
 KERNEL_COUNTERS_FILE = "kernel_counters.pb"
 
-# `match` codes.
-MATCH_NONE, MATCH_NAME, MATCH_BASE_NAME = 0, 1, 2
-MATCH_NAMES = {MATCH_NONE: "none", MATCH_NAME: "name", MATCH_BASE_NAME: "base_name"}
+# `match` codes. MATCH_INSTANCE: the run kernel was not profiled itself; it has the counters
+# of a profiled launch of the same kernel (name, grid, block) (ncu_step_join.py).
+MATCH_NONE, MATCH_NAME, MATCH_BASE_NAME, MATCH_INSTANCE = 0, 1, 2, 3
+MATCH_NAMES = {
+    MATCH_NONE: "none",
+    MATCH_NAME: "name",
+    MATCH_BASE_NAME: "base_name",
+    MATCH_INSTANCE: "same_kernel_instance",
+}
+# The capability a counter value of a linked kernel carries, by match code.
+MEASURED = "measured"
+MEASURED_SAME_INSTANCE = "measured:same-kernel-instance"
+MATCH_CAPABILITY = {
+    MATCH_NAME: MEASURED,
+    MATCH_BASE_NAME: MEASURED,
+    MATCH_INSTANCE: MEASURED_SAME_INSTANCE,
+}
 
 METHOD_NAME_ORDER = "name+order"
+METHOD_NVTX_STEP = "nvtx-step"
 METHOD_COUNTER_ONLY = "counter-only"
+LINKED_METHODS = (METHOD_NAME_ORDER, METHOD_NVTX_STEP)
 
 
 @dataclass

@@ -7,6 +7,7 @@ import sys
 
 from tessera.cli import (
     attach_cmd,
+    counters_cmd,
     diff_cmd,
     html_cmd,
     import_cmd,
@@ -19,6 +20,7 @@ from tessera.cli import (
 _COMMANDS = {
     "import": import_cmd,
     "import-ncu": import_ncu_cmd,
+    "counters": counters_cmd,
     "report": report_cmd,
     "attach": attach_cmd,
     "pack": pack_cmd,
@@ -41,7 +43,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # Everything after the first `--` is a program to run (`tessera-prof counters RUN --
+    # python train.py --lr 3e-4`), kept verbatim: argparse would read its options as ours.
+    program = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, program = argv[:cut], argv[cut + 1 :]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if program is not None:
+        if not hasattr(args, "program"):
+            parser.error(f"{args.command} takes no program after --")
+        args.program = program
     return args._run(args)
 
 

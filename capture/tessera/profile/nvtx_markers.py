@@ -4,7 +4,8 @@ When CUDA is there, a running session opens an NVTX range per step and per regio
 Systems and Nsight Compute see the session's names (`ncu --nvtx --nvtx-include` filters on
 them; `tessera-prof counters` relies on it):
 
-- step N: a start/end range named `tessera_step_{N}` (STEP_RANGE) in NVTX's default domain.
+- step N: a start/end range named `tessera_step_{N}` (`tessera_tb.nvtx_names`) in NVTX's
+  default domain.
   A start/end range, not push/pop: autograd launches backward kernels from its own thread,
   and a push/pop range belongs to the thread that pushed it, so a push/pop step range would
   miss every backward kernel. ncu selects it with `--nvtx-include "tessera_step_3"` (no
@@ -20,7 +21,8 @@ from __future__ import annotations
 
 import os
 
-STEP_RANGE = "tessera_step_{}"
+from tessera_tb.nvtx_names import step_range_name
+
 # Set by `tessera-prof counters` in the program it runs under ncu; the injection variables
 # below are the tools' own.
 MARKERS_ENV = "TESSERA_MARKERS_ONLY"
@@ -34,11 +36,6 @@ _TOOLS = (
     ("nsight_systems", "Nsight Systems"),
     ("toolsinjection", "Nsight Systems"),
 )
-
-
-def step_range_name(step: int) -> str:
-    """The NVTX range name of step `step` (`tessera_step_3`)."""
-    return STEP_RANGE.format(int(step))
 
 
 def injected_tool(environ: dict[str, str] | None = None) -> str | None:
