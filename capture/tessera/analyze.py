@@ -185,15 +185,23 @@ def divergence(
 
 
 def collectives(
-    trace: Trace, *, min_bytes: int = 0, workers: Workers = None, steps: Steps = None
+    trace: Trace,
+    *,
+    min_bytes: int = 0,
+    workers: Workers = None,
+    steps: Steps = None,
+    dask=None,
 ) -> pd.DataFrame:
     """Collective instances across ranks: type, size, transfer and wait times, algbw/busbw
-    (nccl-tests factors), straggler. Mismatched instances are in `result.attrs["mismatches"]`.
-    See `tessera_tb.backend.collectives.collective_instances`."""
-    instances, mismatches = _collectives.collective_instances(
-        open_trace(trace), workers, steps, min_bytes
-    )
-    instances.attrs["mismatches"] = mismatches
+    (nccl-tests factors), straggler. Mismatched instances are in `result.attrs["mismatches"]`,
+    the per-rank straggler table in `result.attrs["stragglers"]`.
+    `dask`: a Dask scheduler (`tcp://host:8786`, `local:N`, or a `distributed.Client`) that
+    reads the step files, one task per rank (pip install 'tessera-profiler[dask]').
+    See `tessera_tb.backend.collectives.analyze_collectives`."""
+    a = _collectives.analyze_collectives(open_trace(trace), workers, steps, min_bytes, dask=dask)
+    instances = a.instances
+    instances.attrs["mismatches"] = a.mismatches
+    instances.attrs["stragglers"] = _collectives.stragglers(None, analysis=a)
     return instances
 
 

@@ -51,7 +51,7 @@ import numpy as np
 import pandas as pd
 
 from tessera_tb.backend.intervals import merged_segments
-from tessera_tb.backend.selection import iter_selected
+from tessera_tb.backend.selection import resolve_steps, resolve_workers
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -185,15 +185,28 @@ def analyze_collectives(
     workers: Iterable[str] | None = None,
     steps: Iterable[int] | None = None,
     min_bytes: int = 0,
+    dask=None,
 ) -> CollectiveAnalysis:
     """Kernels, members, instances and mismatches of the selection in one pass.
+
+    A map and a reduce: `worker_kernels` per selected worker (reads that worker's step
+    files), then the match of instances keyed by (process group, step, ordinal). `dask`: a
+    Dask scheduler (`tcp://host:8786`, `local:N` or a `distributed.Client`) runs the map as
+    one task per worker (`cross_rank.map_workers`); the reduce runs here on the gathered
+    kernel rows. Both paths run the same functions and give the same tables.
 
     `min_bytes` keeps kernels and instances of at least that many bytes (sizes that are
     unknown are dropped when `min_bytes` > 0); it is applied after matching, so it never
     changes which kernels form an instance. The mismatches table keeps an instance when any
     member reaches `min_bytes`.
     """
-    kernels = _kernels_unfiltered(run, workers, steps)
+    return reduce_kernels(_kernels_unfiltered(run, workers, steps, dask), min_bytes)
+
+
+def reduce_kernels(kernels: pd.DataFrame, min_bytes: int = 0) -> CollectiveAnalysis:
+    """The reduce of the cross-rank collective analyses: `worker_kernels` tables of several
+    workers (concatenated in worker order) matched into instances keyed by (process group,
+    step, ordinal), then the `min_bytes` filter (see `analyze_collectives`)."""
     members, instances, mismatches = _match_instances(kernels)
     if min_bytes > 0:
         kernels = kernels[_at_least(kernels["size_bytes"], min_bytes)]
@@ -302,39 +315,55 @@ def stragglers(
     arguments are then ignored).
     """
     a = analysis if analysis is not None else analyze_collectives(run, workers, steps, min_bytes)
-    m = a.members[a.members["complete"]]
+    return stragglers_from_counts(straggler_counts(a, ["worker", "rank"]))
+
+
+_STRAGGLER_COUNTS = ("n_instances", "n_straggler", "wait_ns", "others_wait_ns")
+
+
+def straggler_counts(analysis: CollectiveAnalysis, by: list[str]) -> pd.DataFrame:
+    """Per group of members of complete instances (`by`: ["worker", "rank"], or with
+    "step"): n_instances, n_straggler, wait_ns (their own waits), others_wait_ns (the other
+    members' waits in the instances where the member is the straggler). Sums, so groups
+    add up: `stragglers_from_counts` of per-step counts summed over steps is `stragglers`."""
+    m = analysis.members[analysis.members["complete"]]
     if m.empty:
         return pd.DataFrame(
             {
-                "worker": pd.Series(dtype=object),
-                "rank": pd.Series(dtype="int64"),
-                "n_instances": pd.Series(dtype="int64"),
-                "n_straggler": pd.Series(dtype="int64"),
-                "straggler_pct": pd.Series(dtype="float64"),
-                "wait_ns": pd.Series(dtype="int64"),
-                "others_wait_ns": pd.Series(dtype="int64"),
+                **{k: pd.Series(dtype=object if k == "worker" else "int64") for k in by},
+                **{c: pd.Series(dtype="int64") for c in _STRAGGLER_COUNTS},
             }
         )
     wait = m["wait_ns"].astype("int64")
     instance_wait = wait.groupby([m[k] for k in INSTANCE_KEY]).transform("sum")
     others = np.where(m["is_straggler"], instance_wait - wait, 0)
-    per = (
+    return (
         pd.DataFrame(
             {
-                "worker": m["worker"],
-                "rank": m["rank"],
+                **{k: m[k] for k in by},
                 "n_instances": 1,
                 "n_straggler": m["is_straggler"].astype("int64"),
                 "wait_ns": wait,
                 "others_wait_ns": others.astype("int64"),
             }
         )
-        .groupby(["worker", "rank"], as_index=False, sort=True)
+        .groupby(by, as_index=False, sort=True)
         .sum()
     )
-    per["straggler_pct"] = 100.0 * per["n_straggler"] / per["n_instances"]
+
+
+def stragglers_from_counts(counts: pd.DataFrame) -> pd.DataFrame:
+    """The `stragglers` table from `straggler_counts` rows (summed per worker first)."""
+    per = counts.groupby(["worker", "rank"], as_index=False, sort=True)[
+        list(_STRAGGLER_COUNTS)
+    ].sum()
+    per["straggler_pct"] = (
+        100.0 * per["n_straggler"] / per["n_instances"] if len(per) else pd.Series(dtype="float64")
+    )
     cols = ["worker", "rank", "n_instances", "n_straggler", "straggler_pct", "wait_ns"]
     per = per[cols + ["others_wait_ns"]]
+    for c in ("rank", "n_instances", "n_straggler", "wait_ns", "others_wait_ns"):
+        per[c] = per[c].astype("int64")
     return per.sort_values(["n_straggler", "rank"], ascending=[False, True], ignore_index=True)
 
 
@@ -528,26 +557,51 @@ def collective_heatmap(
 
 
 def _kernels_unfiltered(
-    run: Run, workers: Iterable[str] | None, steps: Iterable[int] | None
+    run: Run, workers: Iterable[str] | None, steps: Iterable[int] | None, dask=None
 ) -> pd.DataFrame:
-    """The kernels table before the size filter (ordinals and overlap assigned)."""
-    per_worker: dict[str, list[tuple[dict, dict]]] = {}
-    for worker, step in iter_selected(run, workers, steps):
-        per_worker.setdefault(worker, []).append(_step_collectives(step))
-    frames = []
-    for worker, parts in per_worker.items():
-        coll = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
-        compute = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
-        coll["overlap_ns"] = _overlap_ns(coll, compute)
-        info = run.worker(worker)
-        frame = pd.DataFrame(coll)
-        frame.insert(0, "worker", worker)
-        frame.insert(1, "rank", int(info.rank))
-        frame.insert(2, "host", info.meta.host)
-        frames.append(frame)
+    """The kernels table before the size filter (ordinals and overlap assigned): the map
+    (`worker_kernels`, one worker's selected step files) over the selected workers, locally
+    or as Dask tasks, concatenated in worker order."""
+    names = resolve_workers(run, workers)
+    chosen = resolve_steps(run, steps)
+    if dask is None:
+        frames = [worker_kernels(run, w, chosen) for w in names]
+    else:
+        from tessera_tb.backend import cross_rank
+
+        frames = cross_rank.map_workers(dask, run, names, chosen, "collective_kernels")
+    return concat_kernels(frames)
+
+
+def concat_kernels(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """`worker_kernels` tables of several workers as one (the reduce's input)."""
+    frames = [f for f in frames if len(f)]
     if not frames:
         return _derive(_empty_kernels())
-    return _derive(pd.concat(frames, ignore_index=True))
+    return pd.concat(frames, ignore_index=True)
+
+
+def worker_kernels(run: Run, worker: str, steps: Iterable[int]) -> pd.DataFrame:
+    """The map of the cross-rank collective analyses: one worker's NCCL kernels over its
+    selected steps (step files read one at a time), with overlap, sizes, types and ordinals
+    (`collective_kernels`' columns). Ordinals and overlap are per worker, so the reduce
+    (`_match_instances`, keyed by process group, step and ordinal) can take the workers'
+    tables from anywhere."""
+    wanted = set(steps)
+    parts = [
+        _step_collectives(run.load_step(worker, s)) for s in run.worker(worker).steps if s in wanted
+    ]
+    if not parts:
+        return _derive(_empty_kernels())
+    coll = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
+    compute = {k: np.concatenate([p[1][k] for p in parts]) for k in parts[0][1]}
+    coll["overlap_ns"] = _overlap_ns(coll, compute)
+    info = run.worker(worker)
+    frame = pd.DataFrame(coll)
+    frame.insert(0, "worker", worker)
+    frame.insert(1, "rank", int(info.rank))
+    frame.insert(2, "host", info.meta.host)
+    return _derive(frame)
 
 
 def _step_collectives(step: StepData) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

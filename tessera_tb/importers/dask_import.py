@@ -57,6 +57,9 @@ class RankOutcome:
     uploaded: list[str] = field(default_factory=list)
     skipped: bool = False
     dask_worker: str = ""
+    # The map of the cross-rank analyses over this rank's steps (collectives.worker_kernels),
+    # made while its files are fresh, for the run's derived index (backend/cross_rank.py).
+    kernels: object = None
 
 
 def _aborted(event_name: str) -> bool:
@@ -104,6 +107,7 @@ def import_rank_task(
                     progress=out.messages.append,
                     warnings=out.warnings,
                 )
+                out.kernels = _rank_kernels(target, worker)
     except (TraceFormatError, ImportFailed) as exc:
         out.error = str(exc)
     except OSError as exc:
@@ -132,6 +136,7 @@ def _import_to_url(
             progress=out.messages.append,
             warnings=out.warnings,
         )
+        out.kernels = _rank_kernels(staging, worker)
         store = remote.files_for(run_url)
         meta_rel = f"plugins/{layout.PLUGIN_NAME}/{worker}/{layout.META_FILE}"
         for rel in remote._local_files(staging):
@@ -144,6 +149,28 @@ def _import_to_url(
             out.uploaded.append(rel)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _rank_kernels(run_dir: str, worker: str):
+    """The cross-rank map of one imported rank, read back from its fresh step files."""
+    from tessera_tb.backend import cross_rank
+    from tessera_tb.trace.reader import read_meta
+
+    meta = read_meta(os.path.join(layout.worker_dir(run_dir, worker), layout.META_FILE))
+    return cross_rank.worker_map(run_dir, worker, meta, None, "collective_kernels")
+
+
+def _summary_of(run_path: str, metas: dict, outcomes: dict[str, RankOutcome]):
+    """The run's derived index from the tasks' maps (the reduce, here on the client)."""
+    from tessera_tb.backend import cross_rank
+    from tessera_tb.trace.reader import Run, WorkerInfo
+
+    run = Run(
+        run_path,
+        {w: WorkerInfo(w, layout.worker_dir(run_path, w), m) for w, m in metas.items()},
+    )
+    frames = [outcomes[w].kernels for w in sorted(metas)]
+    return run, cross_rank.build_run_summary(run, kernel_frames=frames)
 
 
 def _run_tasks(
@@ -220,6 +247,15 @@ def import_workers_on_dask(
         raise ImportFailed(error)
     for w in by_worker:
         warnings.extend(outcomes[w].warnings)
+    from tessera_tb.backend import cross_rank
+    from tessera_tb.trace.reader import read_meta
+
+    metas = {
+        w: read_meta(os.path.join(layout.worker_dir(run_dir, w), layout.META_FILE))
+        for w in by_worker
+    }
+    run, summary = _summary_of(run_dir, metas, outcomes)
+    cross_rank.write_run_summary(run, summary)  # inside the staging directory: renamed with it
     return [outcomes[w].result for w in by_worker]
 
 
@@ -286,6 +322,13 @@ def import_traces_dask_to_url(
         results = [outcomes[w].result for w in by_worker]
         if not any(r.steps for r in results):
             raise ImportFailed(f"no steps selected: the traces hold none of {sorted(steps or [])}")
+        from tessera_tb.proto import trace_pb2 as pb
+
+        metas = {w: pb.WorkerMeta.FromString(outcomes[w].meta_pb) for w in by_worker}
+        run_obj, summary = _summary_of(run_url, metas, outcomes)
+        from tessera_tb.backend import cross_rank
+
+        cross_rank.write_run_summary(run_obj, summary)
         # The step indexes last: a worker becomes visible only with all its files there.
         for w in by_worker:
             meta_rel = f"plugins/{layout.PLUGIN_NAME}/{w}/{layout.META_FILE}"

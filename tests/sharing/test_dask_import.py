@@ -21,6 +21,7 @@ distributed = pytest.importorskip("distributed", reason="pip install 'tessera-pr
 
 N_RANKS = 16
 STRAGGLER = 11
+DERIVED = "plugins/tessera/.derived/"
 
 
 def _run_files(run_dir: str) -> dict[str, bytes]:
@@ -28,6 +29,8 @@ def _run_files(run_dir: str) -> dict[str, bytes]:
     time the file was opened)."""
     out = {}
     for name, data in file_contents(run_dir).items():
+        if name.startswith(DERIVED):  # a derived index (the Dask import writes one)
+            continue
         if name.startswith("events.out.tfevents."):
             records = list(RawEventFileLoader(os.path.join(run_dir, name)).Load())
             out["events:" + name.rsplit(".", 1)[-1]] = b"".join(records[1:])
@@ -107,6 +110,7 @@ def test_dask_import_into_a_directory_writes_the_files_of_a_local_import(
         )
     assert all("[tcp://127.0.0.1:" in line for line in lines)
     assert sorted(os.listdir(tmp_path)) == ["r"]  # no staging directory left
+    assert os.listdir(os.path.join(result.run_dir, DERIVED)) == ["run_summary.json"]
 
 
 def test_dask_import_into_s3_writes_the_files_of_a_local_import(synth16, local_run, cluster):
@@ -122,6 +126,7 @@ def test_dask_import_into_s3_writes_the_files_of_a_local_import(synth16, local_r
         for k in files.fs.find(key)
         if "/plugins/" in k
     }
+    assert in_bucket.pop(DERIVED + "run_summary.json").startswith(b'{"version":1')
     local = {k: v for k, v in file_contents(local_run).items() if k.startswith("plugins/")}
     assert sorted(in_bucket) == sorted(local)
     assert in_bucket == local
@@ -203,3 +208,49 @@ def test_the_cli_imports_on_local_n_and_without_dask_never_imports_it(synth16, t
     assert bad.stderr.strip() == (
         "tessera-prof import: error: bad Dask scheduler 'nowhere': use tcp://host:8786 or local:N"
     )
+
+
+# Cross-rank analyses: map over ranks, reduce by instance key; Dask and local agree ------------
+
+
+@pytest.fixture(scope="module")
+def dask_run(synth16, cluster, tmp_path_factory) -> str:
+    """The 16-rank run imported on the cluster (with its derived index)."""
+    logdir = tmp_path_factory.mktemp("dask")
+    return import_traces([synth16], str(logdir), "r", dask=cluster.scheduler_address).run_dir
+
+
+def test_collectives_on_dask_equal_the_local_ones_and_find_the_injected_straggler(
+    local_run, cluster
+):
+    from tessera import analyze
+
+    local = analyze.collectives(trace=local_run)
+    on_dask = analyze.collectives(trace=local_run, dask=cluster.scheduler_address)
+    pd_testing = pytest.importorskip("pandas").testing
+    pd_testing.assert_frame_equal(local, on_dask)
+    pd_testing.assert_frame_equal(local.attrs["mismatches"], on_dask.attrs["mismatches"])
+    pd_testing.assert_frame_equal(local.attrs["stragglers"], on_dask.attrs["stragglers"])
+    # 48 NCCL kernels per rank over 3 steps; every instance complete, rank 11 last in each.
+    assert len(local) == 48 and local["complete"].all() and local["group_size"].eq(16).all()
+    assert set(local["straggler_rank"]) == {STRAGGLER}
+    worst = local.attrs["stragglers"].iloc[0]
+    assert (worst["rank"], worst["n_straggler"], worst["n_instances"]) == (STRAGGLER, 48, 48)
+    # The others waited about 2 ms each (synth_ranks' default delay) for it, in every instance.
+    assert (local["max_wait_ns"] > 2_000_000).all()
+    assert local.attrs["stragglers"].set_index("rank").loc[STRAGGLER, "wait_ns"] == 0
+
+
+def test_the_dask_import_writes_the_derived_index_a_local_build_makes(local_run, dask_run):
+    from tessera_tb.backend import cross_rank
+    from tessera_tb.trace.reader import open_run
+
+    written = cross_rank.read_run_summary(open_run(dask_run))
+    assert written is not None
+    built = cross_rank.build_run_summary(open_run(local_run))
+    assert written.key == built.key and written.num_kernels == built.num_kernels == 16 * 48
+    for name, table in built.tables.items():
+        pytest.importorskip("pandas").testing.assert_frame_equal(written.tables[name], table)
+    rank_step = built.tables["rank_step"]
+    assert len(rank_step) == 16 * 3
+    assert (rank_step.loc[rank_step["rank"] == STRAGGLER, "n_straggler"] == 16).all()

@@ -52,6 +52,12 @@ def prepare_parser(p: argparse.ArgumentParser) -> None:
         help="print only these sections (repeatable)",
     )
     p.add_argument("--width", type=int, default=160, help="table width in characters")
+    p.add_argument(
+        "--dask",
+        metavar="SCHEDULER",
+        help="read the step files of the cross-rank analyses (collectives) on a Dask cluster, "
+        "one task per rank: tcp://host:8786 or local:N (pip install 'tessera-profiler[dask]')",
+    )
 
 
 def _ms(ns: pd.Series) -> pd.Series:
@@ -151,13 +157,22 @@ def _sections(run, args) -> dict:
         )
 
     def collectives():
-        a = collectives_backend.analyze_collectives(run, w, s)
+        a = collectives_backend.analyze_collectives(run, w, s, dask=args.dask)
         t = collectives_backend.collective_type_size_table(a)
+        worst = collectives_backend.stragglers(None, analysis=a)
+        worst = worst[worst["n_straggler"] > 0].head(3)
         out = t[["collective_type", "size_bucket", "n_instances", "busbw_median_gbps"]].copy()
         out["busbw_median_gbps"] = out["busbw_median_gbps"].round(1)
         out["wait_median_ms"] = _ms(t["wait_median_ns"])
         out["overlap_median_pct"] = t["overlap_median_pct"].round(1)
-        return out, "(busbw from transfer time, nccl-tests factors)"
+        note = "(busbw from transfer time, nccl-tests factors)"
+        if len(worst):
+            note += "\nstragglers: " + "; ".join(
+                f"{r.worker} last in {r.n_straggler} of {r.n_instances} instances, "
+                f"the others waited {r.others_wait_ns / 1e6:.1f} ms for it"
+                for r in worst.itertuples()
+            )
+        return out, note
 
     def memory():
         t = analyze.memory(run, workers=w, steps=s)
