@@ -1,8 +1,10 @@
 """Attach Nsight Compute counters (a raw-page CSV) to the kernels of an imported run.
 
-Export the report with `ncu --import REPORT.ncu-rep --csv --page raw > REPORT.csv`. The
-counters come from a separate process, so they are matched with the run's kernels by kernel
-name and launch order; what did not match is reported. With --counter-only (or when nothing
+REPORT is the CSV of `ncu --import REPORT.ncu-rep --csv --page raw > REPORT.csv`, or the
+.ncu-rep itself when ncu is on PATH. Rows inside the session's NVTX step ranges
+(`tessera_step_N`) are joined by step and launch order or by kernel instance, as
+`tessera-prof counters` does; other reports by kernel name and launch order. What did not
+match is reported. With --counter-only (or when nothing
 matches) the counters are stored without kernel links.
 
 Example:
@@ -22,7 +24,9 @@ HELP = "attach Nsight Compute counters (raw-page CSV) to a run's kernels"
 
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("csv", metavar="REPORT.csv", help="ncu --csv --page raw output")
+    p.add_argument(
+        "csv", metavar="REPORT", help="ncu --csv --page raw output, or a .ncu-rep (needs ncu)"
+    )
     p.add_argument("run_dir", metavar="RUN", help="run directory (made by tessera-prof import)")
     p.add_argument("--worker", help="worker the counters belong to (needed with several)")
     p.add_argument(
@@ -47,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     if args.quiet:
         return 0
     p, r = result.profile, result.profile.report
-    print(f"{p.count} profiled kernels from {p.source} -> {result.path}")
+    print(f"{r.profiled_kernels or p.count} profiled kernels from {p.source} -> {result.path}")
     if p.match_method == METHOD_NAME_ORDER:
         print(
             f"{p.match_note}: {r.matched} matched by name, {r.matched_base_name} by base name, "

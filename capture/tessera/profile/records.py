@@ -4,8 +4,11 @@ A record carries where and when the device work ran, its launch shape, and the p
 kernel counters of METRICS.md ("Kernel counters"). Anything unknown is None, and the record's
 `capabilities` dict says why, keyed by field:
 
-- `unavailable:no-ncu` — hardware counters need Nsight Compute (`tessera-prof import-ncu`);
-  where the run has Nsight Compute counters matched with this kernel they are filled in;
+- `unavailable:no-ncu` — hardware counters need Nsight Compute (`tessera-prof counters RUN
+  -- PROGRAM` or `tessera-prof import-ncu`); where the run has Nsight Compute counters
+  matched with this kernel they are filled in, and their capability says how:
+  `measured` (this launch was profiled) or `measured:same-kernel-instance` (another launch of
+  the same kernel name, grid and block was profiled and stands for this one);
 - `estimated:...` — `sm_occupancy` from Kineto's `est. achieved occupancy %` (an estimate
   from the launch configuration, not a measurement);
 - `n/a:...` — the field does not apply (memcpy fields of a kernel, collective fields of a
@@ -37,6 +40,7 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from tessera_tb.trace.kernel_counters import MATCH_CAPABILITY, MEASURED
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -77,6 +81,7 @@ FIELDS = (
     "throttle_reason",
 )
 NO_NCU = "unavailable:no-ncu"
+_HOW = "_capability"  # key of a linked kernel's measured/same-instance tag in its counters
 # NVML clock event (throttle) reason bits, nvml.h `nvmlClocksEventReason*`.
 THROTTLE_BITS = {
     0x1: "gpu_idle",
@@ -206,6 +211,7 @@ def step_records(
             ncu_caps[name] = metric.capability if metric is not None else NO_NCU
         for i, r in zip(idx.tolist(), linked_rows.tolist()):
             ncu[r] = {n: profile.values(n)[i] for n in ("sm_occupancy", *NCU_COUNTERS)}
+            ncu[r][_HOW] = MATCH_CAPABILITY.get(int(profile.match[i]), MEASURED)
 
     nvml = {}
     for d in np.unique(device).tolist():
@@ -246,6 +252,7 @@ def step_records(
         measured = ncu.get(row)
         if measured is not None and np.isfinite(measured["sm_occupancy"]):
             rec["sm_occupancy"] = float(measured["sm_occupancy"])
+            caps["sm_occupancy"] = measured[_HOW]
         elif occ[i] is not None:
             rec["sm_occupancy"] = float(occ[i])
             caps["sm_occupancy"] = "estimated:Kineto est. achieved occupancy % (launch config)"
@@ -258,6 +265,7 @@ def step_records(
             value = measured.get(name) if measured is not None else None
             if value is not None and np.isfinite(value):
                 rec[name] = float(value)
+                caps[name] = measured[_HOW]
             else:
                 rec[name] = None
                 if not is_kernel:
