@@ -30,6 +30,14 @@ Kinds and their win (all on the step span, METRICS.md "Time"; the categories are
   6.97 to 8).
 - `unrecorded_idle`: neither device work nor any recorded host range on a launching thread:
   the breakdown's `idle_ns` (un-instrumented host work, waits on I/O or on other processes).
+- `collective_straggler` (several workers; one per straggling worker, on that worker): the
+  worker is the straggler (the member the others waited for, METRICS.md "Collectives") of
+  at least `STRAGGLER_OVER_FAIR_SHARE` x its fair share (100 / group size %) of the complete
+  collective instances it is in. Win: the other members' wait in those instances
+  (`collectives.stragglers`' others_wait_ns) per step and per other rank: what each of them
+  would get back if the worker arrived with the rest.
+- Kernel-level kinds (`gemm_below_roof`, `host_sync`, `tiny_kernels`, `unfused_optimizer`):
+  `kernel_findings`.
 
 Severity: "high" when the win is at least 10% of the step, "medium" at least 5%, else "low".
 """
@@ -62,6 +70,7 @@ from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import DEVICE_WORK_KINDS, HOST_TREE_KINDS, KIND, StepData
 
 MIN_WIN_PCT = 2.0
+STRAGGLER_OVER_FAIR_SHARE = 1.5
 TF32_OVER_FP32_PEAK = 7.0
 TOP_OPS = 3
 # Element sizes of the NCCL `dtype` arg (torch scalar type names).
@@ -107,6 +116,7 @@ _KIND_VIEWS = {
     "launch_bound_kernels": {"view": "kernels", "sort": "calls"},
     "pageable_memcpy": {"view": "timeline", "q": "Pageable"},
     "low_tensor_core_share": {"view": "roofline", "level": "op"},
+    "collective_straggler": {"view": "collectives", "metric": "wait"},
 }
 
 
@@ -430,6 +440,22 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
             f"use bf16 autocast or allow TF32"
         )
         return title, evidence
+    if kind == "collective_straggler":
+        title = (
+            f"{subject} arrives last at {n['straggler_pct']:.0f}% of collectives: the other "
+            f"ranks wait {_ms(n['win_ns'])} per step for it"
+        )
+        listed = ", ".join(f"{t} x{c}" for t, c in n.get("items", []))
+        evidence = (
+            f"{subject} is the straggler (shortest member: the rank the others waited for) of "
+            f"{n['n_straggler']:.0f} of the {n['n_instances']:.0f} complete collective "
+            f"instances it is in ({listed}; fair share {100 / n['group_size']:.0f}%); the other "
+            f"members waited {_ms(n['others_wait_ns'])} in them over {n['n_steps']:.0f} "
+            f"steps, {_ms(n['win_ns'])} per step and per other rank (member duration minus "
+            f"the instance's transfer time). Find what makes this rank late: its host time, "
+            f"data loading, clocks or a slower link"
+        )
+        return title, evidence
     return describe_kernel_finding(kind, n, where)
 
 
@@ -513,6 +539,71 @@ def _worker_peaks(run: Run, worker: str) -> DevicePeaks | None:
         return None
 
 
+def straggler_findings(
+    run: Run,
+    workers: Sequence[str],
+    steps_of: dict[str, tuple[int, ...]],
+    span_of: dict[str, float],
+    min_win_pct: float = MIN_WIN_PCT,
+) -> list[dict]:
+    """`collective_straggler` findings (module docstring) of the selected workers over their
+    steps: rows with the columns of `findings`, one per straggling worker."""
+    if len(workers) < 2:
+        return []
+    from tessera_tb.backend.collectives import analyze_collectives, stragglers
+
+    all_steps = sorted({s for v in steps_of.values() for s in v})
+    a = analyze_collectives(run, workers, all_steps)
+    per = stragglers(None, analysis=a)
+    m = a.members[a.members["complete"]]
+    rows = []
+    for r in per.itertuples(index=False):
+        mine = m[m["worker"] == r.worker]
+        group = float(mine["group_size"].median()) if not mine.empty else 0.0
+        if group < 2 or r.straggler_pct < STRAGGLER_OVER_FAIR_SHARE * 100.0 / group:
+            continue
+        n_steps = len(steps_of.get(r.worker, ())) or len(all_steps)
+        win_ns = r.others_wait_ns / (n_steps * (group - 1))
+        span = span_of.get(r.worker, 0.0)
+        pct = 100.0 * win_ns / span if span else 0.0
+        if win_ns <= 0 or pct < min_win_pct:
+            continue
+        late = mine[mine["is_straggler"]]
+        types = late["collective_type"].fillna(late["collective_name"]).value_counts()
+        numbers = {
+            "win_ns": float(win_ns),
+            "span_ns": span,
+            "straggler_pct": float(r.straggler_pct),
+            "n_straggler": float(r.n_straggler),
+            "n_instances": float(r.n_instances),
+            "others_wait_ns": float(r.others_wait_ns),
+            "group_size": group,
+            "n_steps": float(n_steps),
+            "items": [(str(t), int(c)) for t, c in types.head(TOP_OPS).items()],
+        }
+        title, evidence = _describe("collective_straggler", r.worker, numbers, "")
+        chosen = steps_of.get(r.worker, tuple(all_steps))
+        rows.append(
+            {
+                "worker": r.worker,
+                "rank": int(r.rank),
+                "steps": chosen,
+                "kind": "collective_straggler",
+                "subject": r.worker,
+                "title": title,
+                "win_ms_per_step": win_ns / 1e6,
+                "win_pct_of_step": pct,
+                "severity": _severity(pct),
+                "evidence": evidence,
+                "numbers": numbers,
+                "link": finding_link(
+                    "collective_straggler", r.worker, numbers, run.name, None, chosen
+                ),
+            }
+        )
+    return rows
+
+
 def _where(steps: Sequence[int]) -> str:
     if len(steps) == 1:
         return f"step {steps[0]}"
@@ -571,6 +662,13 @@ def findings(
         link_to = {"run": run.name, "worker": worker, "steps": chosen}
         for f in _rank_findings(per_worker[worker], _where(chosen), min_win_pct, link_to):
             rows.append({"worker": worker, "rank": rank, "steps": chosen, **f})
+    spans = {
+        w: float(np.median([next(iter(f.values()))["span_ns"] for f in per_worker[w] if f]))
+        for w in names
+        if any(per_worker[w])
+    }
+    steps_of = {w: tuple(seen_steps[w]) for w in names}
+    rows += straggler_findings(run, names, steps_of, spans, min_win_pct)
     df = pd.DataFrame(rows, columns=FINDING_COLUMNS)
     return df.sort_values(
         ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"

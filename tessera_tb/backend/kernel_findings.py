@@ -470,8 +470,10 @@ def describe_kernel_finding(kind: str, n: dict, where: str) -> tuple[str, str]:
     if kind == "gemm_below_roof":
         top = items[0] if items else {}
         reason = "; ".join(top.get("reasons", [])) or "no reason visible in the trace"
+        dims = "x".join(map(str, top.get("dims", []))) or "?"
         title = (
-            f"{n['ops']:.0f} matmul/conv ops at {top.get('roof_pct', 0):.0f}% of the "
+            f"{n['ops']:.0f} matmul/conv ops below {FAR_BELOW_ROOF_PCT:.0f}% of their roof; "
+            f"most to win: {top.get('op', '')} [{dims}] at {top.get('roof_pct', 0):.0f}% of the "
             f"{top.get('path', '')} roof ({reason})"
         )
         parts = []

@@ -9,6 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
+from tessera_tb.backend.collectives import collective_members
 from tessera_tb.backend.findings import findings, step_findings
 from tessera_tb.trace import open_run
 from tessera_tb.trace.step import KIND, Attr, StepData, TrackInfo, empty_events
@@ -274,3 +275,30 @@ def test_problems_below_the_threshold_stay_silent(run_name):
     everything = findings(run, steps=run.steps, min_win_pct=0)
     assert everything["kind"].isin(["launch_bound_kernels"]).any()
     assert everything["kind"].isin(["unrecorded_idle"]).any()
+
+
+def test_a_rank_the_others_wait_for_is_a_collective_straggler():
+    """In the 4-rank FSDP run ranks 2 and 3 arrive last at most collectives; each other rank
+    waits for them, per step, the members' wait in those instances / steps / 3."""
+    run = open_run(os.path.join(DEMO_RUNS, "fsdp_gpt_4rank"))
+    df = findings(run, steps=run.steps)
+    m = collective_members(run, None, run.steps)
+    m = m[m["complete"]]
+    key = ["process_group", "step", "ordinal"]
+    for worker in ("rank2", "rank3"):
+        f = one(df, "collective_straggler", worker)
+        assert f["worker"] == worker
+        shortest = m.groupby(key)["dur_ns"].transform("min")
+        mine = m[(m["worker"] == worker) & (m["dur_ns"] == shortest)][key]
+        members = m.assign(wait=m["dur_ns"] - shortest).merge(mine, on=key)
+        hand = float(members.loc[members["worker"] != worker, "wait"].sum())
+        assert f["numbers"]["others_wait_ns"] == pytest.approx(hand)
+        assert f["win_ms_per_step"] * 1e6 == pytest.approx(hand / (3 * 3))
+        assert "t.view=collectives" in f["link"] and "t.metric=wait" in f["link"]
+    assert set(df.loc[df["kind"] == "collective_straggler", "worker"]) == {"rank2", "rank3"}
+
+
+def test_ranks_that_take_turns_arriving_last_are_no_stragglers(ddp):
+    """Two DDP ranks, each last at about half the all-reduces: no straggler."""
+    df = findings(ddp, steps=ddp.steps, min_win_pct=0)
+    assert not (df["kind"] == "collective_straggler").any()
