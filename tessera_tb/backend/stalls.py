@@ -55,12 +55,14 @@ NEEDED = [*RATIO_METRICS, ISSUED, *(m for pair in ISSUED_FALLBACKS for m in pair
 
 
 def collect_command(run_path: str = "RUN") -> str:
-    """The Nsight Compute command line that collects what this analysis needs."""
+    """The command that collects what this analysis needs (`tessera-prof counters`, which runs
+    the program under ncu with the sections and metrics of `ncu_selection`), and on a second
+    line the ncu options it uses."""
+    from tessera_tb.importers.ncu_selection import collect_args
+
     return (
-        "ncu --section WarpStateStats --section LaunchStats --section Occupancy "
-        f"--metrics {ISSUED} -o tessera_stalls <your training command> && "
-        "ncu --import tessera_stalls.ncu-rep --csv --page raw > tessera_stalls.csv && "
-        f"tessera-prof import-ncu tessera_stalls.csv {run_path}"
+        f"tessera-prof counters {run_path} -- <your training command>\n"
+        f"# runs it under ncu {' '.join(collect_args())}"
     )
 
 

@@ -37,7 +37,7 @@ def test_report_prints_every_section_with_the_backend_numbers():
 def test_report_without_counters_prints_the_collect_command():
     proc = _report(os.path.join(DEMO_RUNS, "ddp_gpt_2rank"), "--section", "stalls")
     assert proc.returncode == 0, proc.stderr
-    assert "no stall counters" in proc.stdout and "ncu " in proc.stdout
+    assert "no stall counters" in proc.stdout and "tessera-prof counters " in proc.stdout
 
 
 def test_report_of_a_missing_run_is_one_line_and_exit_2(tmp_path):

@@ -74,6 +74,6 @@ def test_stalls_show_categories_and_drill_down_to_reasons(tab):
 def test_stalls_without_counters_show_the_collect_command(tab):
     tab.open(run="ddp_gpt_2rank", view="stalls")
     command = tab.frame.locator("pre.collect-command").inner_text()
-    assert command.startswith("ncu ") and "import-ncu" in command
+    assert command.startswith("tessera-prof counters ") and "smsp__inst_issued.sum" in command
     tab.screenshot("stalls_no_counters")
     tab.assert_clean()

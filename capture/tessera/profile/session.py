@@ -425,7 +425,9 @@ class Session:
         if "power" not in self.activities:
             caps.append(Capability("nvml", "unavailable", "not requested (activity 'power')"))
         caps.append(
-            Capability("ncu_counters", "unavailable", "no-ncu: run tessera-prof import-ncu")
+            Capability(
+                "ncu_counters", "unavailable", "no-ncu: run tessera-prof counters RUN -- PROGRAM"
+            )
         )
         return caps
 
