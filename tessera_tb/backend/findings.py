@@ -37,7 +37,7 @@ Kinds and their win (all on the step span, METRICS.md "Time"; the categories are
   (`collectives.stragglers`' others_wait_ns) per step and per other rank: what each of them
   would get back if the worker arrived with the rest.
 - Kernel-level kinds (`gemm_below_roof`, `host_sync`, `tiny_kernels`, `unfused_optimizer`):
-  `kernel_findings`.
+  `kernel_findings`; `allocator_calls`: `memory_findings`.
 
 Severity: "high" when the win is at least 10% of the step, "medium" at least 5%, else "low".
 """
@@ -64,6 +64,7 @@ from tessera_tb.backend.kernel_findings import (
     kernel_finding_numbers,
     kernel_finding_view,
 )
+from tessera_tb.backend.memory_findings import describe_memory_finding, memory_finding_numbers
 from tessera_tb.backend.selection import resolve_workers, steady_state_step
 from tessera_tb.backend.summary import tensor_core_eligible_kernels
 from tessera_tb.trace.reader import Run
@@ -117,6 +118,7 @@ _KIND_VIEWS = {
     "pageable_memcpy": {"view": "timeline", "q": "Pageable"},
     "low_tensor_core_share": {"view": "roofline", "level": "op"},
     "collective_straggler": {"view": "collectives", "metric": "wait"},
+    "allocator_calls": {"view": "timeline", "q": "cudaFree"},
 }
 
 
@@ -342,6 +344,7 @@ def step_finding_numbers(
                 "no_tensor_core_ns": other_ns,
             }
     out.update(kernel_finding_numbers(step, window, gpu_idle, peaks))
+    out.update(memory_finding_numbers(step, gpu_idle))
     return out
 
 
@@ -456,6 +459,8 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
             f"data loading, clocks or a slower link"
         )
         return title, evidence
+    if kind == "allocator_calls":
+        return describe_memory_finding(kind, n)
     return describe_kernel_finding(kind, n, where)
 
 

@@ -23,7 +23,8 @@ was idle); `findings.step_finding_numbers` merges these numbers with the step-ti
   outermost cpu op around the call) and, with stacks, the innermost python frame. Win: the GPU
   idle that follows each: from the later of the call's start and the end of the last device
   work before it returns, to the start of the next device work (the queue is empty after a
-  sync, so the GPU waits for the host to launch again).
+  sync, so the GPU waits for the host to launch again); the union over the calls, so that
+  syncs sharing one idle gap count it once.
 - `tiny_kernels`: kernels shorter than `TINY_KERNEL_NS` launched by `aten::` ops that are not
   matmul/conv/attention ops, outside compiled regions and optimizer steps. The ops that launch
   nothing else are the fusion candidates. Win: their host time (the outermost op around each,
@@ -44,6 +45,7 @@ import re
 import numpy as np
 
 from tessera_tb.backend.devices import DevicePeaks
+from tessera_tb.backend.intervals import union_length_ns
 from tessera_tb.backend.roofline import derived_op_work
 from tessera_tb.trace.step import DEVICE_WORK_KINDS, KIND, StepData
 
@@ -309,34 +311,44 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
     ds, de, _ = _device_work(window)
     reach = np.maximum.accumulate(de) if de.size else de
     by_cause: dict[str, dict] = {}
-    total = 0.0
+    spans: list[tuple[int, int]] = []
     for c in calls.tolist():
         c0 = int(ev["start_ns"][c])
         c1 = c0 + int(ev["dur_ns"][c])
-        i = np.searchsorted(ds, c1, "right")
+        i = int(np.searchsorted(ds, c1, "right"))
         drained = int(reach[i - 1]) if i > 0 else step.start_ns
-        nxt = ds[(ds >= c1)]
-        next_ns = int(nxt.min()) if nxt.size else step.end_ns
+        j = int(np.searchsorted(ds, c1, "left"))
+        next_ns = int(ds[j]) if j < ds.size else step.end_ns
         lo = max(c0, drained, step.start_ns)
-        hi = min(next_ns, step.end_ns)
-        idle = max(hi - lo, 0)
+        hi = max(min(next_ns, step.end_ns), lo)
         op = _outer_op(step, c)
         cause = step.strings[ev["name_id"][op]] if op >= 0 else step.strings[ev["name_id"][c]]
         frame = _python_frame(step, c)
         key = f"{cause} @ {frame}" if frame else cause
-        entry = by_cause.setdefault(key, {"count": 0, "idle_ns": 0.0, "wait_ns": 0.0})
+        entry = by_cause.setdefault(key, {"count": 0, "spans": [], "wait_ns": 0.0})
         entry["count"] += 1
-        entry["idle_ns"] += idle
+        entry["spans"].append((lo, hi))
         entry["wait_ns"] += c1 - c0
-        total += idle
+        spans.append((lo, hi))
+
+    def union_ns(pairs: list[tuple[int, int]]) -> float:
+        # Several syncs in one idle gap (a loop of .item() calls) share it: count it once.
+        s, e = np.array(pairs, dtype=np.int64).T
+        return float(union_length_ns(s, e, step.start_ns, step.end_ns))
+
+    total = union_ns(spans)
     if total <= 0:
         return None
-    causes = sorted(by_cause.items(), key=lambda kv: -kv[1]["idle_ns"])
+    items = [
+        {"cause": k, "count": v["count"], "idle_ns": union_ns(v["spans"]), "wait_ns": v["wait_ns"]}
+        for k, v in by_cause.items()
+    ]
+    items.sort(key=lambda it: -it["idle_ns"])
     return {
         "win_ns": total,
         "count": int(calls.size),
         "wait_ns": float(ev["dur_ns"][calls].sum()),
-        "items": [{"cause": k, **v} for k, v in causes[:TOP_ITEMS]],
+        "items": items[:TOP_ITEMS],
     }
 
 

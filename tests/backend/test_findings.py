@@ -22,7 +22,7 @@ from tests.backend.test_breakdown import (
     load_trace,
     ns,
 )
-from tests.conftest import DEMO_RUNS
+from tests.conftest import DEMO_RUNS, SHARED_TRACES
 
 RESNET_STEP = 7  # a middle step of the first 2021 file: its host starts inside step 6's span
 
@@ -302,3 +302,26 @@ def test_ranks_that_take_turns_arriving_last_are_no_stragglers(ddp):
     """Two DDP ranks, each last at about half the all-reduces: no straggler."""
     df = findings(ddp, steps=ddp.steps, min_win_pct=0)
     assert not (df["kind"] == "collective_straggler").any()
+
+
+def test_cuda_allocator_calls_count_their_host_time(imported_runs):
+    """The A100 trace of HTA's tests frees and refills the allocator's cache: 28 cudaMalloc
+    and 17 cudaFree calls (one of 1.3 s) in its one step (no step markers)."""
+    path = os.path.join(SHARED_TRACES, "hta_tests", "cupti_profiler",
+                        "benchmark_result_924719_1679055439_trace.json.gz")  # fmt: skip
+    run = open_run(imported_runs(path))
+    _, events = load_trace(path)
+    calls = [e for e in events if e["name"] in ("cudaMalloc", "cudaFree")]
+    f = one(findings(run, steps=run.steps), "allocator_calls")
+    assert f["numbers"]["count"] == len(calls) == 45
+    assert f["numbers"]["host_ns"] == sum(ns(e["dur"]) for e in calls)
+    assert f["win_ms_per_step"] * 1e6 == pytest.approx(
+        min(f["numbers"]["host_ns"], f["numbers"]["gpu_idle_ns"])
+    )
+    by_call = {it["call"]: it["count"] for it in f["numbers"]["items"]}
+    assert by_call == {"cudaMalloc": 28, "cudaFree": 17}
+    assert "t.view=timeline" in f["link"] and "t.q=cudaFree" in f["link"]
+
+
+def test_runs_with_a_warm_allocator_have_no_allocator_finding(ddp):
+    assert not (findings(ddp, steps=ddp.steps, min_win_pct=0)["kind"] == "allocator_calls").any()
