@@ -38,6 +38,8 @@ Kinds and their win (all on the step span, METRICS.md "Time"; the categories are
   would get back if the worker arrived with the rest.
 - Kernel-level kinds (`gemm_below_roof`, `host_sync`, `tiny_kernels`, `unfused_optimizer`):
   `kernel_findings`; `allocator_calls`: `memory_findings`.
+- `kernel_counters` (one per kernel, only with Nsight Compute counters): the kernel's largest
+  stall reasons and DRAM % of peak; win: its speed-of-light headroom (`counter_findings`).
 
 Severity: "high" when the win is at least 10% of the step, "medium" at least 5%, else "low".
 """
@@ -57,6 +59,7 @@ from tessera_tb.backend.breakdown import (
     priority_cover_ns,
     window_events,
 )
+from tessera_tb.backend.counter_findings import counter_findings
 from tessera_tb.backend.devices import DevicePeaks
 from tessera_tb.backend.intervals import union_length_ns
 from tessera_tb.backend.kernel_findings import (
@@ -119,6 +122,7 @@ _KIND_VIEWS = {
     "low_tensor_core_share": {"view": "roofline", "level": "op"},
     "collective_straggler": {"view": "collectives", "metric": "wait"},
     "allocator_calls": {"view": "timeline", "q": "cudaFree"},
+    "kernel_counters": {"view": "stalls"},
 }
 
 
@@ -674,6 +678,16 @@ def findings(
     }
     steps_of = {w: tuple(seen_steps[w]) for w in names}
     rows += straggler_findings(run, names, steps_of, spans, min_win_pct)
+    rows += counter_findings(
+        run,
+        names,
+        steps_of,
+        spans,
+        min_win_pct,
+        link=lambda kind, subject, n, worker, chosen: finding_link(
+            kind, subject, n, run.name, worker, chosen
+        ),
+    )
     df = pd.DataFrame(rows, columns=FINDING_COLUMNS)
     return df.sort_values(
         ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"

@@ -119,3 +119,37 @@ def test_divergence_and_overview_use_the_measured_counters(run_with_counters):
     s = analyze.summary(trace=run_with_counters, steps=[3])
     assert s.sm_occupancy_note.iloc[0].startswith("measured on 388 kernel(s)")
     assert 0 < s.tensor_core_time_pct.iloc[0] < 100
+
+
+def test_counter_findings_name_the_kernel_the_numbers_and_the_rule(run_with_counters):
+    """ID 151 (`cunn_SoftMaxForward`, one launch per step), by hand from the CSV:
+    sm__throughput 13.362637 %, gpu__compute_memory_throughput 84.624328 % -> speed of light
+    84.624328 %; gpu__dram_throughput 84.624328 %; its 17 stall ratios sum to 106.947522, long
+    scoreboard 93.856328 -> 87.76 % of its stall cycles. Win = its run duration x (1 - 0.846)."""
+    from tessera_tb.backend.counter_findings import counter_findings
+
+    run = open_run(run_with_counters)
+    row, _ = _launch(run, 3, 151)
+    dur = float(run.load_step("worker0", 3).events["dur_ns"][row])
+    rows = counter_findings(run, ["worker0"], {"worker0": (3,)}, {"worker0": 20e6}, 0.0, top=500)
+    soft = [r for r in rows if "cunn_SoftMaxForward" in r["subject"]]
+    assert len(soft) == 1
+    f = soft[0]
+    assert f["title"].startswith("`cunn_SoftMaxForward<")
+    assert f["title"].endswith("`: 88% of stall cycles on long scoreboard; DRAM at 85% of peak")
+    n = f["numbers"]
+    assert n["sol_pct"] == pytest.approx(84.624328, abs=1e-6)
+    assert n["stalls"][0][0] == "long_scoreboard"
+    assert n["stalls"][0][1] == pytest.approx(100 * 93.856328 / 106.947522, abs=1e-4)
+    assert f["win_ms_per_step"] == pytest.approx(dur * (1 - 0.84624328) / 1e6, rel=1e-9)
+    assert "Rule: speed-of-light headroom" in f["evidence"]
+    assert "1 launch(es) measured" in f["evidence"]
+    # ranked: larger wins first; with a 2% floor on a 20 ms step none below 0.4 ms is kept
+    wins = [r["win_ms_per_step"] for r in rows]
+    assert wins == sorted(wins, reverse=True)
+    kept = counter_findings(run, ["worker0"], {"worker0": (3,)}, {"worker0": 20e6}, 2.0)
+    assert all(r["win_ms_per_step"] >= 0.4 for r in kept)
+    # other steps: the same kernel's counters stand for the launch of step 4
+    rows4 = counter_findings(run, ["worker0"], {"worker0": (4,)}, {"worker0": 20e6}, 0.0, top=500)
+    f4 = next(r for r in rows4 if "cunn_SoftMaxForward" in r["subject"])
+    assert "0 launch(es) measured, 1 with the counters of the same kernel's" in f4["evidence"]
