@@ -46,6 +46,7 @@ import numpy as np
 
 from tessera_tb.backend.devices import DevicePeaks
 from tessera_tb.backend.intervals import union_length_ns
+from tessera_tb.backend.memory import innermost_containing
 from tessera_tb.backend.roofline import derived_op_work
 from tessera_tb.trace.step import DEVICE_WORK_KINDS, KIND, StepData
 
@@ -67,6 +68,7 @@ CONV_OP_PREFIXES = ("aten::conv", "aten::_conv", "aten::cudnn_conv")
 ATTENTION_MARK = "attention"
 COMPILED_REGION_PREFIXES = ("Torch-Compiled Region", "## Call CompiledFxGraph", "CompiledFunction")
 OPTIMIZER_PREFIX = "Optimizer.step#"
+_SKIP_PREFIXES = (OPTIMIZER_PREFIX, *COMPILED_REGION_PREFIXES)
 TOP_ITEMS = 3
 _ELEM_BYTES = {"c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8,
                "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1}  # fmt: skip
@@ -128,23 +130,27 @@ def _device_work(window: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 def _host_tree_columns(step: StepData) -> tuple[np.ndarray, np.ndarray]:
     """Per event row: the outermost cpu op above it (itself included; -1 if none) and whether
-    it lies inside a compiled region or an optimizer step. One pass in row order: a parent's
-    row precedes its children's (`step.canonical_order`)."""
+    it lies inside a compiled region or an optimizer step (itself included). Climbs the
+    `parent` column one level per pass for all rows at once."""
     ev = step.events
-    kind, parent = ev["kind"], ev["parent"]
-    n = kind.size
-    outer = np.full(n, -1, dtype=np.int64)
-    skipped = np.zeros(n, dtype=bool)
-    skip_ids = {
-        i for i, s in enumerate(step.strings)
-        if s.startswith((OPTIMIZER_PREFIX, *COMPILED_REGION_PREFIXES))
-    }  # fmt: skip
-    cpu = KIND["cpu_op"]
-    for r in range(n):
-        p = int(parent[r])
-        up = outer[p] if 0 <= p < r else -1
-        outer[r] = up if up >= 0 else (r if kind[r] == cpu else -1)
-        skipped[r] = (skipped[p] if 0 <= p < r else False) or int(ev["name_id"][r]) in skip_ids
+    parent = ev["parent"].astype(np.int64)
+    is_cpu = ev["kind"] == KIND["cpu_op"]
+    skip_ids = np.array(
+        [i for i, s in enumerate(step.strings) if s.startswith(_SKIP_PREFIXES)], dtype=np.int64
+    )
+    is_skip = np.isin(ev["name_id"], skip_ids)
+    rows = np.arange(parent.size, dtype=np.int64)
+    outer = np.where(is_cpu, rows, -1)
+    skipped = is_skip.copy()
+    cur = parent.copy()
+    while True:
+        live = np.flatnonzero(cur >= 0)
+        if live.size == 0:
+            break
+        up = cur[live]
+        outer[live] = np.where(is_cpu[up], up, outer[live])
+        skipped[live] |= is_skip[up]
+        cur[live] = parent[up]
     return outer, skipped
 
 
@@ -162,61 +168,94 @@ def _gemm_numbers(step: StepData, window: dict, peaks: DevicePeaks | None) -> di
     if peaks is None:
         return None
     ev = step.events
-    work = derived_op_work(step)
+    gemm_names = {n for n in step.strings if n in GEMM_OPS or n.startswith(CONV_OP_PREFIXES)}
+    if not gemm_names:
+        return None
+    work = derived_op_work(step, only=gemm_names)
     if work.empty:
         return None
     names = step.string_values(ev["name_id"])
-    is_gemm = np.array(
-        [n in GEMM_OPS or n.startswith(CONV_OP_PREFIXES) for n in names[work.index.to_numpy()]]
-    )
-    work = work[is_gemm & work["path"].isin(TENSOR_PATHS).to_numpy()]
+    work = work[work["path"].isin(TENSOR_PATHS).to_numpy()]
     if work.empty:
         return None
-    # Each kernel goes to the innermost matmul/conv op with derived FLOPs around its launch.
+    # Each kernel goes to the innermost matmul/conv op with derived FLOPs around its launch
+    # (climbing the parent column one level per pass for all kernels at once).
     kernels = np.flatnonzero((ev["kind"] == KIND["kernel"]) & (ev["launch"] >= 0))
-    op_of = {}
-    wanted = set(work.index.tolist())
-    for k in kernels.tolist():
-        for r in _ancestors(ev["parent"], int(ev["parent"][ev["launch"][k]])):
-            if r in wanted:
-                op_of.setdefault(r, []).append(k)
-                break
-    if not op_of:
+    parent = ev["parent"].astype(np.int64)
+    wanted = np.zeros(parent.size, dtype=bool)
+    wanted[work.index.to_numpy()] = True
+    found = np.full(kernels.size, -1, dtype=np.int64)
+    cur = parent[ev["launch"][kernels]]
+    while True:
+        live = np.flatnonzero((cur >= 0) & (found < 0))
+        if live.size == 0:
+            break
+        hit = wanted[cur[live]]
+        found[live[hit]] = cur[live[hit]]
+        cur[live] = parent[cur[live]]
+    kernels, found = kernels[found >= 0], found[found >= 0]
+    if kernels.size == 0:
         return None
+    # Per op: kernel time in the step and time at the roof; only ops far below it go on.
+    k_start = ev["start_ns"][kernels]
+    k_dur = np.maximum(
+        np.minimum(k_start + ev["dur_ns"][kernels], step.end_ns)
+        - np.maximum(k_start, step.start_ns),
+        0,
+    )
+    ops, slot = np.unique(found, return_inverse=True)
+    op_dur = np.bincount(slot, weights=k_dur, minlength=ops.size)
+    w = work.loc[ops]
+    peak = np.array([peaks.peak_flops_per_s(p) for p in w["path"]], dtype=np.float64)
+    roof = (
+        np.maximum(
+            w["flops"].to_numpy(float) / peak,
+            w["dram_bytes"].to_numpy(float) / peaks.bw_bytes_per_s,
+        )
+        * 1e9
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        pct = np.where(op_dur > 0, 100.0 * roof / op_dur, np.inf)
+    slow = np.flatnonzero(pct < FAR_BELOW_ROOF_PCT)
+    if slow.size == 0:
+        return None
+    order = np.argsort(slot, kind="stable")
+    bounds = np.searchsorted(slot[order], np.arange(ops.size + 1))
+    op_of = {int(ops[i]): kernels[order[bounds[i] : bounds[i + 1]]] for i in slow.tolist()}
+    roof_of = {int(ops[i]): float(roof[i]) for i in slow.tolist()}
+    path_of = {int(ops[i]): str(w["path"].iloc[i]) for i in slow.tolist()}
+    flops_of = {int(ops[i]): float(w["flops"].iloc[i]) for i in slow.tolist()}
     ds, de, ddev = _device_work(window)
     dev_of_track = np.array([t.device for t in step.tracks], dtype=np.int64)
+    starts_of = {int(d): ds[ddev == d] for d in np.unique(ddev)}
     grid = step.attr("grid")
     dims_text = step.attr("Input Dims")
+    types_text = step.attr("Input type")
     arch = device_arch(peaks)
     total_win = 0.0
     items = []
     for op, ks in op_of.items():
-        ks = np.array(ks)
         start = ev["start_ns"][ks]
         end = start + ev["dur_ns"][ks]
         dur = np.maximum(np.minimum(end, step.end_ns) - np.maximum(start, step.start_ns), 0)
         dur_ns = float(dur.sum())
         if dur_ns <= 0:
             continue
-        w = work.loc[op]
-        peak = peaks.peak_flops_per_s(w["path"])
-        roof_ns = max(w["flops"] / peak, w["dram_bytes"] / peaks.bw_bytes_per_s) * 1e9
+        roof_ns = roof_of[op]
         roof_pct = 100.0 * roof_ns / dur_ns
-        if roof_pct >= FAR_BELOW_ROOF_PCT:
-            continue
-        # Queued work behind a kernel: the next device work on its device starts within
-        # QUEUED_GAP_NS of its end, or the kernel ends the step.
+        # Queued work behind a kernel: the next device work on its device (starting after the
+        # kernel does) starts within QUEUED_GAP_NS of its end, or the kernel ends the step.
         queued = np.zeros(ks.size, dtype=bool)
         for i, k in enumerate(ks.tolist()):
-            d = dev_of_track[ev["track_id"][k]]
-            later = (ds > start[i]) & (ddev == d) & (ds >= end[i] - QUEUED_GAP_NS)
-            nxt = ds[later].min() if later.any() else None
+            later = starts_of.get(int(dev_of_track[ev["track_id"][k]]), ds)
+            j = int(np.searchsorted(later, max(start[i] + 1, end[i] - QUEUED_GAP_NS), "left"))
+            nxt = later[j] if j < later.size else None
             queued[i] = nxt is None or nxt <= end[i] + QUEUED_GAP_NS or end[i] >= step.end_ns
         fixed_ns = roof_ns / ATTAINABLE_ROOF_FRACTION
         win = max(dur_ns - fixed_ns, 0.0) * float(dur[queued].sum()) / dur_ns
         name = names[op]
         dims = gemm_dims(name, dims_text.get(op, ""))
-        types = json.loads(step.attr("Input type").get(op, "[]") or "[]")
+        types = json.loads(types_text.get(op, "[]") or "[]")
         elem = next((_ELEM_BYTES[t] for t in types if t in _ELEM_BYTES), 2)
         reasons = []
         unaligned = [d for d in (dims or ()) if d % (ALIGN_BYTES // elem)]
@@ -243,12 +282,12 @@ def _gemm_numbers(step: StepData, window: dict, peaks: DevicePeaks | None) -> di
             {
                 "op": name,
                 "dims": list(dims) if dims else [],
-                "path": w["path"],
+                "path": path_of[op],
                 "kernel": kernel,
                 "count": int(ks.size),
                 "dur_ns": dur_ns,
                 "roof_pct": roof_pct,
-                "tflops": w["flops"] / dur_ns / 1e3,
+                "tflops": flops_of[op] / dur_ns / 1e3,
                 "win_ns": win,
                 "reasons": reasons,
             }
@@ -281,24 +320,24 @@ def _gemm_numbers(step: StepData, window: dict, peaks: DevicePeaks | None) -> di
     }
 
 
-def _python_frame(step: StepData, row: int) -> str:
-    """The innermost python frame (with_stack) around a host event on its thread, or ""."""
+def _python_frames(step: StepData, rows: np.ndarray) -> list[str]:
+    """For each host event row: the innermost python frame (with_stack) around its start on
+    its thread, skipping torch's own frames and built-ins (the user's line), or ""."""
     ev = step.events
-    py = np.flatnonzero((ev["kind"] == KIND["python"]) & (ev["track_id"] == ev["track_id"][row]))
-    if py.size == 0:
-        return ""
-    t = ev["start_ns"][row]
-    s = ev["start_ns"][py]
-    inside = py[(s <= t) & (s + ev["dur_ns"][py] >= t)]
-    if inside.size == 0:
-        return ""
-    names = step.string_values(ev["name_id"][inside])
-    # innermost first: the latest start; skip torch's own frames
-    order = np.argsort(-ev["start_ns"][inside], kind="stable")
-    for n in names[order]:
-        if "torch/" not in n and not n.startswith("<built-in"):
-            return str(n)
-    return str(names[order[0]])
+    node = innermost_containing(
+        step, np.array([KIND["python"]], np.uint8), ev["track_id"][rows], ev["start_ns"][rows]
+    )
+    out = []
+    for n in node.tolist():
+        first = ""
+        while n >= 0:
+            name = step.strings[ev["name_id"][n]]
+            first = first or name
+            if "torch/" not in name and not name.startswith("<built-in"):
+                break
+            n = int(ev["parent"][n])
+        out.append(name if n >= 0 else first)
+    return out
 
 
 def _sync_numbers(step: StepData, window: dict) -> dict | None:
@@ -310,9 +349,10 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
         return None
     ds, de, _ = _device_work(window)
     reach = np.maximum.accumulate(de) if de.size else de
+    frames = _python_frames(step, calls)
     by_cause: dict[str, dict] = {}
     spans: list[tuple[int, int]] = []
-    for c in calls.tolist():
+    for c, frame in zip(calls.tolist(), frames):
         c0 = int(ev["start_ns"][c])
         c1 = c0 + int(ev["dur_ns"][c])
         i = int(np.searchsorted(ds, c1, "right"))
@@ -323,7 +363,6 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
         hi = max(min(next_ns, step.end_ns), lo)
         op = _outer_op(step, c)
         cause = step.strings[ev["name_id"][op]] if op >= 0 else step.strings[ev["name_id"][c]]
-        frame = _python_frame(step, c)
         key = f"{cause} @ {frame}" if frame else cause
         entry = by_cause.setdefault(key, {"count": 0, "spans": [], "wait_ns": 0.0})
         entry["count"] += 1
@@ -402,28 +441,41 @@ def _tiny_numbers(step: StepData, gpu_idle_ns: int) -> dict | None:
 
 def _optimizer_numbers(step: StepData, window: dict) -> dict | None:
     ev = step.events
-    names = step.string_values(ev["name_id"])
-    regions = np.flatnonzero(
-        (ev["kind"] == KIND["annotation"]) & np.char.startswith(names.astype(str), OPTIMIZER_PREFIX)
-    )
+    ids = [i for i, text in enumerate(step.strings) if text.startswith(OPTIMIZER_PREFIX)]
+    if not ids:
+        return None
+    regions = np.flatnonzero((ev["kind"] == KIND["annotation"]) & np.isin(ev["name_id"], ids))
     if regions.size == 0:
         return None
+    fused_ids = [
+        i for i, text in enumerate(step.strings) if "_foreach_" in text or "_fused_" in text
+    ]
+    # Each cpu op goes to the region on its thread that contains it (regions on one thread
+    # do not overlap: one optimizer step at a time).
+    region_of = np.full(ev["kind"].size, -1, dtype=np.int64)
+    cpu_rows = np.flatnonzero(ev["kind"] == KIND["cpu_op"])
+    for track in np.unique(ev["track_id"][regions]).tolist():
+        regs = regions[ev["track_id"][regions] == track]
+        regs = regs[np.argsort(ev["start_ns"][regs], kind="stable")]
+        r0 = ev["start_ns"][regs]
+        r1 = r0 + ev["dur_ns"][regs]
+        ops = cpu_rows[ev["track_id"][cpu_rows] == track]
+        o0 = ev["start_ns"][ops]
+        i = np.searchsorted(r0, o0, "right") - 1
+        ok = i >= 0
+        ok[ok] = o0[ok] + ev["dur_ns"][ops[ok]] <= r1[i[ok]]
+        region_of[ops[ok]] = regs[i[ok]]
+    device = np.flatnonzero(np.isin(ev["kind"], DEVICE_WORK_KINDS) & (ev["launch"] >= 0))
+    device_region = region_of[ev["parent"][ev["launch"][device]]]
+    fused_regions = set(region_of[np.isin(ev["name_id"], fused_ids) & (region_of >= 0)].tolist())
     best = None
     for reg in regions.tolist():
         r0 = int(ev["start_ns"][reg])
         r1 = r0 + int(ev["dur_ns"][reg])
-        track = ev["track_id"][reg]
-        inside = np.flatnonzero(
-            (ev["track_id"] == track)
-            & (ev["start_ns"] >= r0)
-            & (ev["start_ns"] + ev["dur_ns"] <= r1)
-            & (ev["kind"] == KIND["cpu_op"])
-        )
-        op_names = names[inside]
-        if any("_foreach_" in n or "_fused_" in n for n in op_names):
+        if reg in fused_regions:
             continue
-        launched = np.flatnonzero(np.isin(ev["kind"], DEVICE_WORK_KINDS) & (ev["launch"] >= 0))
-        launched = launched[np.isin(ev["parent"][ev["launch"][launched]], inside)]
+        inside = np.flatnonzero(region_of == reg)
+        launched = device[device_region == reg]
         if launched.size == 0:
             continue
         s = ev["start_ns"][launched]
@@ -438,7 +490,7 @@ def _optimizer_numbers(step: StepData, window: dict) -> dict | None:
         win = max(span - busy, 0.0)
         entry = {
             "win_ns": win,
-            "region": str(names[reg]),
+            "region": step.strings[ev["name_id"][reg]],
             "region_ns": float(span),
             "device_ns": busy,
             "kernels": int(launched.size),

@@ -430,18 +430,21 @@ def _derive(name: str, dims_text: str, types_text: str, concrete_text: str):
     return None
 
 
-def derived_op_work(step: StepData) -> pd.DataFrame:
+def derived_op_work(step: StepData, only: Iterable[str] | None = None) -> pd.DataFrame:
     """FLOPs and compulsory bytes of the step's cpu ops that have a formula (METRICS.md,
     "Roofline": derived from shapes). Indexed by cpu_op row; columns flops, dram_bytes, path,
     flops_source ("derived" or "derived:partial"), formula. Each distinct op signature (name,
-    Input Dims, Input type, Concrete Inputs) is computed once.
+    Input Dims, Input type, Concrete Inputs) is computed once. `only`: op names to consider
+    (default: every op with a formula).
     """
     ev = step.events
-    ops = np.flatnonzero(ev["kind"] == KIND["cpu_op"])
+    known = _MATMUL_OPS | set(_CONV_OPS) | set(_ATTENTION_OPS) | set(_ELEMENTWISE_OPS)
+    if only is not None:
+        known &= set(only)
+    ids = [i for i, name in enumerate(step.strings) if name in known]
+    ops = np.flatnonzero((ev["kind"] == KIND["cpu_op"]) & np.isin(ev["name_id"], ids))
     names = step.string_values(ev["name_id"][ops])
-    wanted = np.isin(
-        names, list(_MATMUL_OPS | set(_CONV_OPS) | set(_ATTENTION_OPS) | set(_ELEMENTWISE_OPS))
-    )
+    wanted = np.ones(ops.size, dtype=bool)
     ops, names = ops[wanted], names[wanted]
     cols = ["flops", "dram_bytes", "path", "flops_source", "formula"]
     if ops.size == 0:
