@@ -38,7 +38,7 @@ from tessera_tb.backend.devices import PATHS, DevicePeaks, device_peaks
 from tessera_tb.backend.selection import iter_selected, resolve_workers
 from tessera_tb.importers.kernel_names import kernel_name_key
 from tessera_tb.importers.ncu_csv import DENSE_CEILINGS, TENSOR_SRC_PATHS
-from tessera_tb.trace.kernel_counters import CounterProfile
+from tessera_tb.trace.kernel_counters import MATCH_INSTANCE, CounterProfile
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -591,6 +591,10 @@ def _group(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
             "dur_ns": g["dur_ns"].sum(min_count=1),
         }
     )
+    if "_same_instance" in f:
+        # Share of the group's kernels whose counters are another launch's (same name, grid,
+        # block: `measured:same-kernel-instance`); NaN when none has counters.
+        out["counters_same_instance_pct"] = 100.0 * g["_same_instance"].mean()
     for col in ("path", "bytes_source", "flops_note", "time_source", "formula"):
         if col in f:
             out[col] = top[col].reindex(out.index)
@@ -617,8 +621,10 @@ def roofline(
     (worker, op_name, op_input_dims, flops_source), an op instance's work being the sum over
     its kernels when all of them were measured, else the op's derived work (whatever the
     number of its kernels), else none. Columns: the group keys, count, flops, dram_bytes,
-    dur_ns, path, bytes_source, flops_note, formula, time_source, then `roof_points`' columns;
-    rows by time, longest first. Peaks: `peaks`, else `arch`, else the worker's device.
+    dur_ns, counters_same_instance_pct (per kernel: % of its instances whose counters are
+    another launch's, `measured:same-kernel-instance`; NaN without counters), path,
+    bytes_source, flops_note, formula, time_source, then `roof_points`' columns; rows by
+    time, longest first. Peaks: `peaks`, else `arch`, else the worker's device.
     """
     if group_by not in ("kernel", "op"):
         raise ValueError(f"group_by must be 'kernel' or 'op', not {group_by!r}")
@@ -678,6 +684,7 @@ def _step_instances(
             "flops_note": np.full(n, "", dtype=object),
             "formula": np.full(n, "", dtype=object),
             "time_source": "run",
+            "_same_instance": np.full(n, np.nan),  # 1: counters of another launch, 0: own
         }
     )
     derived = derived_op_work(st)
@@ -705,6 +712,7 @@ def _step_instances(
         for col in ("flops", "dram_bytes", "path", "flops_source", "bytes_source", "flops_note"):
             inst.loc[at, col] = m[col].to_numpy()
         inst.loc[at, "formula"] = ""
+        inst.loc[at, "_same_instance"] = (profile.match[idx] == MATCH_INSTANCE).astype(float)
     return inst, derived
 
 

@@ -491,13 +491,13 @@ async function rooflineView(box, ctx) {
     note(
       "info",
       `Roofs: dense datasheet peaks of ${devices.join(", ")} (${roofs[0] ? roofs[0].source : ""}). ` +
-        `Filled points: FLOPs and bytes measured by counters; open points: derived from input shapes (compulsory bytes). ` +
+        `Filled circles: FLOPs and bytes measured by counters on these launches; filled diamonds: measured on another launch of the same kernel (name, grid, block: measured:same-kernel-instance); open points: derived from input shapes (compulsory bytes). ` +
         `${unplaced} of ${points.length} ${group === "op" ? "operators" : "kernels"} have no FLOPs or bytes to place and are only in the table.`,
     ),
     chart,
     el("h3", { text: `Points (${data.tables.points.total_rows})` }),
     dataTable(data.tables.points, {
-      columns: [nameCol, ...(group === "op" ? ["op_input_dims"] : []), "flops_source", "count", "dur_ns", "flops", "dram_bytes", "intensity_flops_per_byte", "flops_per_s", "path", "efficiency_pct", "headroom_ms", "bytes_source", "flops_note"],
+      columns: [nameCol, ...(group === "op" ? ["op_input_dims"] : ["counters_same_instance_pct"]), "flops_source", "count", "dur_ns", "flops", "dram_bytes", "intensity_flops_per_byte", "flops_per_s", "path", "efficiency_pct", "headroom_ms", "bytes_source", "flops_note"],
       maxRows: 300,
     }),
   );
@@ -531,8 +531,12 @@ async function rooflineView(box, ctx) {
       hoverinfo: "skip",
     });
   }
-  for (const [measured, label, symbol] of [[true, "measured", "circle"], [false, "derived", "circle-open"]]) {
-    const ps = placeable.filter((p) => p.measured === measured);
+  // Counters of the kernel's own launches (measured), of another launch of the same kernel
+  // name, grid and block (measured:same-kernel-instance), or FLOPs/bytes from shapes (derived).
+  const kindOf = (p) => (!p.measured ? "derived" : p.counters_same_instance_pct === 100 ? "instance" : "own");
+  for (const [kind, label, symbol] of [["own", "measured", "circle"], ["instance", "measured on another launch of the same kernel", "diamond"], ["derived", "derived", "circle-open"]]) {
+    const measured = kind !== "derived";
+    const ps = placeable.filter((p) => kindOf(p) === kind);
     traces.push({
       type: "scatter",
       mode: "markers",

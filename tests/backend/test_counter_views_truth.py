@@ -153,3 +153,15 @@ def test_counter_findings_name_the_kernel_the_numbers_and_the_rule(run_with_coun
     rows4 = counter_findings(run, ["worker0"], {"worker0": (4,)}, {"worker0": 20e6}, 0.0, top=500)
     f4 = next(r for r in rows4 if "cunn_SoftMaxForward" in r["subject"])
     assert "0 launch(es) measured, 1 with the counters of the same kernel's" in f4["evidence"]
+
+
+def test_roofline_points_say_whose_counters_they_carry(run_with_counters):
+    own = analyze.roofline(trace=run_with_counters, steps=[3])
+    other = analyze.roofline(trace=run_with_counters, steps=[4])
+    soft3 = own[own.kernel_name.str.contains("cunn_SoftMaxForward")]
+    soft4 = other[other.kernel_name.str.contains("cunn_SoftMaxForward")]
+    assert soft3.counters_same_instance_pct.tolist() == [0.0]  # step 3's launch was profiled
+    assert soft4.counters_same_instance_pct.tolist() == [100.0]  # step 4's stands in
+    assert soft3.flops.tolist() == soft4.flops.tolist()
+    measured = other[other.flops_source.isin(["measured", "partial"])]
+    assert len(measured) > 0 and (measured.counters_same_instance_pct == 100.0).all()
