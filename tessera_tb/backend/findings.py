@@ -175,6 +175,33 @@ def _exposed_ns(step: StepData, window: dict, rows: np.ndarray) -> int:
     return total
 
 
+def _exposed_by_bucket(
+    step: StepData, window: dict, rows: np.ndarray, size_bytes: np.ndarray
+) -> list[dict]:
+    """Exposed time (as `_exposed_ns`) of one collective type's kernels per power-of-two
+    message-size bucket (`collectives.size_bucket_label`), most exposed first: which
+    messages to overlap or bucket differently."""
+    from tessera_tb.backend.collectives import size_bucket_label
+
+    known = np.isfinite(size_bytes)
+    lo = np.full(rows.size, -1, dtype=np.int64)
+    positive = known & (size_bytes > 0)
+    lo[known & (size_bytes == 0)] = 0
+    lo[positive] = 2 ** np.floor(np.log2(size_bytes[positive])).astype(np.int64)
+    out = []
+    for b in np.unique(lo).tolist():
+        m = lo == b
+        out.append(
+            {
+                "bucket": size_bucket_label(b) if b >= 0 else "unknown size",
+                "count": int(m.sum()),
+                "exposed_ns": float(_exposed_ns(step, window, rows[m])),
+            }
+        )
+    out.sort(key=lambda it: -it["exposed_ns"])
+    return out[:TOP_OPS]
+
+
 def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
     """GPU-idle self time of the step's cpu ops on launching threads, summed by op name.
 
@@ -294,6 +321,7 @@ def step_finding_numbers(
                     starts, starts + ev["dur_ns"][rows], step.start_ns, step.end_ns
                 ),
                 "size_bytes": float(size[names == name].sum()),
+                "items": _exposed_by_bucket(step, window, rows, size[names == name]),
             }
 
     kernels = np.flatnonzero(kind == KIND["kernel"])
@@ -417,6 +445,12 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
             f"({100 * overlap:.0f}% overlapped); size = max(In, Out msg nelems) x dtype size; "
             f"kernel time includes waiting for other ranks"
         )
+        buckets = n.get("items") or []
+        if buckets:
+            listed = ", ".join(
+                f"{b['bucket']} x{b['count']} {_ms(b['exposed_ns'])}" for b in buckets
+            )
+            evidence += f"; exposed by message size: {listed}"
         return title, evidence
     if kind == "launch_bound_kernels":
         title = f"{n['count']:.0f} kernels shorter than their launch call (launch-bound)"

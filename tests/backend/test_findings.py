@@ -9,6 +9,7 @@ import statistics
 import numpy as np
 import pytest
 
+from tessera_tb.backend import collectives
 from tessera_tb.backend.collectives import collective_members
 from tessera_tb.backend.findings import findings, step_findings
 from tessera_tb.trace import open_run
@@ -94,6 +95,34 @@ def test_exposed_collective_time_is_nccl_time_with_no_compute_on_the_device(ddp)
         if device_kind(e) == "collective" and step.start_ns <= base + ns(e["ts"]) < step.end_ns
     )
     assert f["title"] == f"allreduce of {size / 1e6:.0f} MB not overlapped with compute"
+
+
+def test_exposed_collective_time_is_split_by_message_size(ddp):
+    """Per power-of-two size bucket: the same hand sweep over that bucket's NCCL kernels."""
+    step = ddp.load_step("rank0", 6)
+    f = one(findings(ddp, ["rank0"], [6]), "exposed_collective", "allreduce")
+    base, events = load_trace(DDP_RANK0)
+    compute = device_intervals(DDP_RANK0, {"kernel"})
+    by_bucket: dict[int, list] = {}
+    for e in events:
+        if device_kind(e) != "collective":
+            continue
+        size = 4 * max(e["args"]["In msg nelems"], e["args"]["Out msg nelems"])
+        lo = 1 << (size.bit_length() - 1)
+        start = base + ns(e["ts"])
+        by_bucket.setdefault(lo, []).append((start, start + ns(e["dur"])))
+    want = {
+        lo: hand_covered_ns(step.start_ns, step.end_ns, spans, compute)
+        for lo, spans in by_bucket.items()
+    }
+    got = f["numbers"]["items"]
+    assert got and [b["exposed_ns"] for b in got] == sorted(
+        [b["exposed_ns"] for b in got], reverse=True
+    )
+    for b in got:
+        lo = next(k for k in want if collectives.size_bucket_label(k) == b["bucket"])
+        assert b["exposed_ns"] == want[lo]
+    assert "exposed by message size: " + got[0]["bucket"] in f["evidence"]
 
 
 def test_a_single_gpu_run_has_no_collective_finding():
