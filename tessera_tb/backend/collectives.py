@@ -535,9 +535,22 @@ def collective_heatmap(
     if value not in columns:
         raise ValueError(f"value for by={by!r} must be one of {sorted(columns)}, not {value!r}")
     a = analysis if analysis is not None else analyze_collectives(run, workers, steps, min_bytes)
-    column = columns[value]
     if by == "type_size":
         table = collective_type_size_table(a)
+    else:
+        table = collective_rank_step_table(a)
+    return heatmap_of_table(table, by, value)
+
+
+def heatmap_of_table(table: pd.DataFrame, by: str, value: str) -> pd.DataFrame:
+    """`collective_heatmap` from its long table already made (`collective_type_size_table`
+    for by="type_size", a table with `collective_rank_step_table`'s columns for
+    by="rank_step"), as the derived index holds them."""
+    columns = _HEATMAP_VALUES[by]
+    if value not in columns:
+        raise ValueError(f"value for by={by!r} must be one of {sorted(columns)}, not {value!r}")
+    column = columns[value]
+    if by == "type_size":
         order = (
             table.drop_duplicates("size_bucket")
             .sort_values("size_bucket_lo_bytes")["size_bucket"]
@@ -546,7 +559,6 @@ def collective_heatmap(
         out = table.pivot(index="collective_type", columns="size_bucket", values=column)
         out = out.reindex(columns=order)
     else:
-        table = collective_rank_step_table(a)
         out = table.pivot(index="rank", columns="step", values=column)
     out.attrs["value_column"] = column
     return out

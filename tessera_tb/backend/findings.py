@@ -117,6 +117,7 @@ _KIND_VIEWS = {
     "dataloader_stall": {"view": "timeline", "q": "enumerate(DataLoader)"},
     "unrecorded_idle": {"view": "timeline"},
     "exposed_collective": {"view": "collectives"},
+    "straggler_rank": {"view": "collectives"},
     "launch_bound_kernels": {"view": "kernels", "sort": "calls"},
     "pageable_memcpy": {"view": "timeline", "q": "Pageable"},
     "low_tensor_core_share": {"view": "roofline", "level": "op"},
@@ -726,3 +727,63 @@ def findings(
     return df.sort_values(
         ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"
     ).reset_index(drop=True)
+
+
+def straggler_findings(rank_step: pd.DataFrame, n_ranks: int, top: int = 5) -> pd.DataFrame:
+    """Findings that name the ranks the others waited for, from per-(worker, step) straggler
+    counts (`cross_rank.RunSummary`'s rank_step rows of the selection: n_instances,
+    n_straggler, others_wait_ns, step_time_ns).
+
+    One finding per rank that was the straggler of at least one complete instance (the
+    `top` whose others waited longest): win_ms_per_step = the others' wait in the instances
+    where it arrived last (`collectives.stragglers`' others_wait_ns), per step and per other
+    rank (n_ranks - 1): what each other rank would win per step if it were on time.
+    win_pct_of_step is of the rank's median step time. Columns: FINDING_COLUMNS.
+    """
+    rows = []
+    if len(rank_step) and n_ranks > 1:
+        per = rank_step.groupby(["worker", "rank"], as_index=False).agg(
+            n_instances=("n_instances", "sum"),
+            n_straggler=("n_straggler", "sum"),
+            others_wait_ns=("others_wait_ns", "sum"),
+            n_steps=("step", "nunique"),
+            span_ns=("step_time_ns", "median"),
+            steps=("step", lambda x: tuple(sorted(set(int(v) for v in x)))),
+        )
+        per = per[per["n_straggler"] > 0].sort_values(
+            ["others_wait_ns", "rank"], ascending=[False, True]
+        )
+        for r in per.head(top).itertuples():
+            win_ns = r.others_wait_ns / r.n_steps / (n_ranks - 1)
+            win_pct = 100.0 * win_ns / r.span_ns if r.span_ns else 0.0
+            numbers = {
+                "win_ns": float(win_ns),
+                "others_wait_ns": float(r.others_wait_ns),
+                "n_straggler": int(r.n_straggler),
+                "n_instances": int(r.n_instances),
+                "span_ns": float(r.span_ns),
+            }
+            rows.append(
+                {
+                    "worker": r.worker,
+                    "rank": int(r.rank),
+                    "steps": r.steps,
+                    "kind": "straggler_rank",
+                    "subject": "",
+                    "title": (
+                        f"{r.worker} holds up the collectives: each other rank waited "
+                        f"{_ms(win_ns)} per step for it"
+                    ),
+                    "win_ms_per_step": win_ns / 1e6,
+                    "win_pct_of_step": win_pct,
+                    "severity": _severity(win_pct),
+                    "evidence": (
+                        f"last to arrive in {r.n_straggler} of its {r.n_instances} complete "
+                        f"collective instances over steps {min(r.steps)}-{max(r.steps)}; the other "
+                        f"{n_ranks - 1} ranks waited {_ms(r.others_wait_ns)} for it in all"
+                    ),
+                    "numbers": numbers,
+                    "link": finding_link("straggler_rank", "", numbers, steps=r.steps),
+                }
+            )
+    return pd.DataFrame(rows, columns=FINDING_COLUMNS)

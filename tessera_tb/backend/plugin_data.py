@@ -238,10 +238,7 @@ def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
                 "world_size": meta.world_size,
                 "host": meta.host,
                 "error": None,
-                "process_groups": [
-                    {"name": pg.name, "desc": pg.desc, "size": pg.size, "ranks": list(pg.ranks)}
-                    for pg in meta.process_groups
-                ],
+                "process_groups": [_process_group(pg) for pg in meta.process_groups],
                 "steps": [
                     {
                         "step": e.step,
@@ -260,6 +257,35 @@ def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
     item["default_step"] = steady_state_step(run, first) if first else None
     item["default_steps"] = default_steps(run, first) if first else None
     return item
+
+
+# A process group's rank list is listed in full up to this many ranks; a larger one only as
+# ranges (`ranks_text`), so the listing of a 1,024-rank run is not a million numbers.
+LISTED_GROUP_RANKS = 64
+
+
+def _process_group(pg) -> dict:
+    """A process group in the runs listing: name, desc, size, ranks (null past
+    LISTED_GROUP_RANKS) and ranks_text ("0-1023" ranges)."""
+    ranks = list(pg.ranks)
+    return {
+        "name": pg.name,
+        "desc": pg.desc,
+        "size": pg.size,
+        "ranks": ranks if len(ranks) <= LISTED_GROUP_RANKS else None,
+        "ranks_text": _ranges_text(ranks),
+    }
+
+
+def _ranges_text(values: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5"."""
+    parts: list[list[int]] = []
+    for v in sorted(set(values)):
+        if parts and parts[-1][1] == v - 1:
+            parts[-1][1] = v
+        else:
+            parts.append([v, v])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 DEFAULT_STEP_RANGE = 8
@@ -371,20 +397,25 @@ class Selection:
 
 @dataclass(frozen=True)
 class View:
-    """A route's data function and the query keys (beyond run/workers/steps) it reads."""
+    """A route's data function and the query keys (beyond run/workers/steps) it reads.
+
+    `reads(run, sel)`: the workers whose step files the view reads (default: every selected
+    worker); only those are checked for unreadable step files first. A view answering from
+    the run's derived index, or capped to a few ranks, reads fewer."""
 
     compute: Callable[[Run, Selection], dict]
     params: tuple[str, ...] = ()
+    reads: Callable[[Run, Selection], list[str]] | None = None
 
 
 VIEWS: dict[str, View] = {}
 
 
-def view(name: str, params: tuple[str, ...] = ()):
+def view(name: str, params: tuple[str, ...] = (), reads=None):
     """Register a data function as the view `name` (the route `/name`)."""
 
     def register(fn: Callable[[Run, Selection], dict]):
-        VIEWS[name] = View(fn, params)
+        VIEWS[name] = View(fn, params, reads)
         return fn
 
     return register
@@ -406,8 +437,9 @@ def view_payload(index: RunIndex, name: str, args) -> dict:
     if spec is None:
         raise errors.NotFoundError(f"no view {name!r}")
     entry, sel = _selection(index, spec, args)
-    run, bad = index.usable_run(entry, list(sel.workers), list(sel.steps))
-    readable = {s for w in sel.workers for s in run.worker(w).steps}
+    reads = spec.reads(entry.run, sel) if spec.reads is not None else list(sel.workers)
+    run, bad = index.usable_run(entry, reads, list(sel.steps))
+    readable = {s for w in (reads or sel.workers) for s in run.worker(w).steps}
     steps = tuple(s for s in sel.steps if s in readable)
     errs = [{"worker": w, "step": s, "error": e} for (w, s), e in sorted(bad.items())]
     if not steps:
@@ -610,26 +642,78 @@ def chrome_trace(index: RunIndex, args) -> tuple[bytes, str]:
 # Overview (backend/breakdown.py, summary.py, findings.py) -----------------------------------------
 
 
-@view("overview")
+# The overview reads the step files of at most this many selected ranks (the straggler ranks
+# of the derived index first, then by rank); it says so when it leaves ranks out.
+OVERVIEW_MAX_WORKERS = 8
+
+
+def _overview_workers(run: Run, sel: Selection) -> list[str]:
+    """The selected workers whose step files the overview reads (see OVERVIEW_MAX_WORKERS)."""
+    if len(sel.workers) <= OVERVIEW_MAX_WORKERS:
+        return list(sel.workers)
+    first: list[str] = []
+    summary = _summary_for(run, sel)
+    if summary is not None:
+        strag = summary.tables["stragglers"]
+        strag = strag[(strag["n_straggler"] > 0) & strag["worker"].isin(sel.workers)]
+        first = strag.sort_values("others_wait_ns", ascending=False)["worker"].head(4).tolist()
+    chosen = set(first)
+    for w in sel.workers:
+        if len(chosen) >= OVERVIEW_MAX_WORKERS:
+            break
+        chosen.add(w)
+    return [w for w in sel.workers if w in chosen]
+
+
+@view("overview", reads=_overview_workers)
 def overview_view(run: Run, sel: Selection) -> dict:
     """Step time breakdown per (worker, step) (`breakdown.step_time_breakdown`), the per-step
     summary (`summary.step_summary`: GPU busy, tensor-core %, occupancy), the per-worker
     summary over the range (`summary.summary`), findings (`findings.findings`) and step-time
-    distribution (`summary.step_time_distribution`)."""
+    distribution (`summary.step_time_distribution`).
+
+    Past OVERVIEW_MAX_WORKERS selected ranks, the tables read from step files cover the
+    ranks `_overview_workers` picks (`capped` says which), while the step-time distribution
+    and, where the run's derived index answers (`_summary_for`), the rank x step table
+    (`rank_step`: step and collective times of every selected rank) and the straggler
+    findings (`findings.straggler_findings`) cover every selected rank."""
     from tessera_tb.backend import breakdown, findings, summary
 
-    workers, steps = list(sel.workers), list(sel.steps)
+    workers, steps = _overview_workers(run, sel), list(sel.steps)
     per_step = summary.step_summary(run, workers, steps)
     found = findings.findings(run, workers, steps)
+    index = _summary_for(run, sel) if len(run.workers) >= LARGE_RUN_WORKERS else None
+    extra: dict = {}
+    if index is not None:
+        rs = index.tables["rank_step"]
+        rs = rs[rs["worker"].isin(sel.workers) & rs["step"].isin(steps)]
+        found = pd.concat(
+            [findings.straggler_findings(rs, len(run.workers)), found], ignore_index=True
+        )
+        extra["rank_step"] = rs.drop(columns=["host"]).reset_index(drop=True)
     found["steps"] = [list(s) for s in found["steps"]]
+    capped = None
+    if len(workers) < len(sel.workers):
+        capped = {
+            "shown": workers,
+            "of": len(sel.workers),
+            "note": (
+                f"per-step tables and step findings cover {len(workers)} of the "
+                f"{len(sel.workers)} selected ranks (the stragglers first, then by rank); "
+                "select a rank range, host or process group to see others"
+            ),
+        }
     return {
+        "capped": capped,
+        "whole_tables": ["rank_step"] if "rank_step" in extra else [],
         "categories": list(breakdown.CATEGORIES),
         "tables": {
+            **extra,
             "breakdown": breakdown.step_time_breakdown(run, workers, steps),
             "step_summary": per_step,
             "summary": summary.summary(run, workers, steps),
             "findings": found,
-            "step_times": summary.step_time_distribution(run, workers),
+            "step_times": summary.step_time_distribution(run, list(sel.workers)),
         },
     }
 
@@ -662,7 +746,20 @@ def timeline_origin_ns(run: Run, steps: Iterable[int]) -> tuple[int, int]:
     return min(s for s, _ in spans), max(e for _, e in spans)
 
 
-@view("timeline", params=("worker", "t0", "t1", "max_items", "resolution_ns", "q"))
+# The timeline draws at most this many of the selected ranks (one request each).
+TIMELINE_MAX_WORKERS = 16
+
+
+def _timeline_reads(run: Run, sel: Selection) -> list[str]:
+    worker = sel.param("worker") or sel.workers[0]
+    return [worker] if worker in sel.workers else list(sel.workers[:1])
+
+
+@view(
+    "timeline",
+    params=("worker", "t0", "t1", "max_items", "resolution_ns", "q"),
+    reads=_timeline_reads,
+)
 def timeline_view(run: Run, sel: Selection) -> dict:
     """One worker's window of the selected (consecutive) steps (`timeline.timeline_window`).
 
@@ -716,8 +813,16 @@ def timeline_view(run: Run, sel: Selection) -> dict:
         s["end_ns"] += shift
     for c in answer["counters"]:
         c["t_ns"] = [v + shift for v in c["t_ns"]]
+    shown = list(sel.workers[:TIMELINE_MAX_WORKERS])
     answer.update(
         worker=worker,
+        shown_workers=shown,
+        workers_note=(
+            f"the timeline draws the first {len(shown)} of the {len(sel.workers)} selected "
+            "ranks; select a rank range, host or process group to see others"
+            if len(shown) < len(sel.workers)
+            else None
+        ),
         origin_ns=str(origin),
         extent_ns=end - origin,
         max_items=max_items,
@@ -759,17 +864,45 @@ def _heatmap_payload(frame: pd.DataFrame) -> dict:
     }
 
 
-@view("collectives", params=("metric", "min_bytes"))
+# From this many workers on, the cross-rank views answer from the run's derived index for any
+# selection (backend/cross_rank.py): a subset's instances are matched over the whole run.
+# Smaller runs use it when the selection is the whole run (then the answer is the same).
+LARGE_RUN_WORKERS = 64
+
+
+def _summary_for(run: Run, sel: Selection, min_bytes: int = 0):
+    """The run's derived index when this view may answer from it (see LARGE_RUN_WORKERS),
+    else None."""
+    if min_bytes or not isinstance(run, CachedRun) or run.signature is None:
+        return None
+    whole = len(sel.workers) == len(run.workers) and set(sel.steps) == set(run.steps)
+    if not whole and len(run.workers) < LARGE_RUN_WORKERS:
+        return None
+    return run.run_summary()
+
+
+def _collectives_reads(run: Run, sel: Selection) -> list[str]:
+    min_bytes = sel.param("min_bytes") or ""
+    if min_bytes in ("", "0") and _summary_for(run, sel) is not None:
+        return []
+    return list(sel.workers)
+
+
+@view("collectives", params=("metric", "min_bytes"), reads=_collectives_reads)
 def collectives_view(run: Run, sel: Selection) -> dict:
     """Heatmaps type x size bucket and rank x step coloured by `metric` (busbw, wait, overlap
     or count; `collectives.collective_heatmap`) and their long tables, instances, stragglers
-    and mismatches, from one `collectives.analyze_collectives` pass."""
+    and mismatches, from one `collectives.analyze_collectives` pass, or from the run's
+    derived index (`collectives_from_summary`)."""
     from tessera_tb.backend import collectives
 
     metric = sel.param("metric") or "busbw"
     if metric not in COLLECTIVE_METRICS:
         raise errors.InvalidArgumentError(f"metric must be one of {', '.join(COLLECTIVE_METRICS)}")
     min_bytes = parse_int(sel.param("min_bytes"), 0, 0, 2**62, "min_bytes")
+    summary = _summary_for(run, sel, min_bytes)
+    if summary is not None:
+        return collectives_from_summary(run, summary, sel, metric)
     a = collectives.analyze_collectives(run, list(sel.workers), list(sel.steps), min_bytes)
     heat = {
         by: _heatmap_payload(
@@ -787,6 +920,60 @@ def collectives_view(run: Run, sel: Selection) -> dict:
             "instances": a.instances,
             "stragglers": collectives.stragglers(None, analysis=a),
             "mismatches": a.mismatches,
+        },
+    }
+
+
+def collectives_from_summary(run: Run, summary, sel: Selection, metric: str) -> dict:
+    """The collectives view from the run's derived index, without reading a step file: the
+    rank x step rows and the straggler counts of the selected workers and steps; instances
+    and mismatches of the selected steps; the type x size table of the whole run. Instances
+    are matched over every rank of the run (`index` in the answer says so)."""
+    from tessera_tb.backend import collectives
+
+    t = summary.tables
+    rs = t["rank_step"]
+    rs = rs[rs["worker"].isin(sel.workers) & rs["step"].isin(sel.steps)]
+    rank_step = rs[rs["n_kernels"] > 0][
+        ["worker", "rank", "step", "n_kernels", "collective_ns", "wait_ns", "transfer_ns"]
+        + ["busbw_gbps", "overlap_pct"]
+    ].sort_values(["worker", "rank", "step"], ignore_index=True)
+    counts = rs[rs["n_instances"] > 0].assign(wait_ns=rs["wait_ns"].fillna(0).astype("int64"))
+    whole = len(sel.workers) == len(run.workers) and set(sel.steps) == set(run.steps)
+    strag = (
+        t["stragglers"]
+        if whole
+        else collectives.stragglers_from_counts(
+            counts[["worker", "rank", "n_instances", "n_straggler", "wait_ns", "others_wait_ns"]]
+        )
+    )
+    instances = t["instances"][t["instances"]["step"].isin(sel.steps)].reset_index(drop=True)
+    mismatches = t["mismatches"][t["mismatches"]["step"].isin(sel.steps)].reset_index(drop=True)
+    heat = {
+        "type_size": _heatmap_payload(
+            _compute(lambda: collectives.heatmap_of_table(t["type_size"], "type_size", metric))
+        ),
+        "rank_step": _heatmap_payload(
+            _compute(lambda: collectives.heatmap_of_table(rank_step, "rank_step", metric))
+        ),
+    }
+    return {
+        "metric": metric,
+        "num_kernels": int(rs["n_kernels"].sum()),
+        "heatmaps": heat,
+        "index": {
+            "workers": len(run.workers),
+            "note": (
+                f"from the run's derived index: instances matched over all {len(run.workers)} "
+                "ranks; the type x size table covers the whole run"
+            ),
+        },
+        "tables": {
+            "type_size": t["type_size"],
+            "rank_step": rank_step,
+            "instances": instances,
+            "stragglers": strag,
+            "mismatches": mismatches,
         },
     }
 

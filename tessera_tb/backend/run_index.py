@@ -46,6 +46,8 @@ Signature = tuple[tuple[str, object, int, object, int], ...]
 COUNTERS_FILE = "kernel_counters.pb"
 # A logdir URL is rescanned at most this often (listings cost requests and money).
 REMOTE_REFRESH_S = 15.0
+# From this many workers on, a derived index the plugin builds is written into the run.
+WRITE_SUMMARY_WORKERS = 64
 
 
 @dataclass
@@ -64,9 +66,22 @@ class RunEntry:
 class CachedRun(Run):
     """A `Run` whose steps come from the index's step cache (analyses call `load_step`)."""
 
-    def __init__(self, path: str, workers: dict[str, WorkerInfo], index: RunIndex):
+    def __init__(
+        self,
+        path: str,
+        workers: dict[str, WorkerInfo],
+        index: RunIndex,
+        signature: Signature | None = None,
+    ):
         super().__init__(path, workers)
         self._index = index
+        # The run entry's signature when this is the whole discovered run (None for a run
+        # restricted to the step files that load): the key of its derived index.
+        self.signature = signature
+
+    def run_summary(self):
+        """The run's derived index (`cross_rank.RunSummary`), or None for a restricted run."""
+        return self._index.run_summary(self)
 
     def load_step(self, worker: str, step: int) -> StepData:
         return self._index.load_step_file(self.worker(worker).step_path(step))
@@ -217,6 +232,8 @@ class RunIndex:
         self._steps = _LRU(step_cache_bytes)
         self._results = _LRU(result_cache_bytes)
         self._bad_steps: dict[str, str] = {}
+        self._summaries: dict[tuple, object] = {}
+        self._summary_locks: dict[tuple, threading.Lock] = {}
 
     # Discovery ---------------------------------------------------------------------------
 
@@ -298,7 +315,7 @@ class RunIndex:
                 )
             except (TraceFormatError, ValueError) as exc:
                 errors[worker] = str(getattr(exc, "problem", exc))
-        run = CachedRun(path, workers, self) if workers else None
+        run = CachedRun(path, workers, self, sig) if workers else None
         error = None
         if run is None:
             error = (
@@ -417,6 +434,36 @@ class RunIndex:
             meta.steps.extend(keep)
             filtered[name] = WorkerInfo(info.name, info.directory, meta)
         return CachedRun(entry.path, filtered, self), bad
+
+    # Derived index -----------------------------------------------------------------------
+
+    def run_summary(self, run: CachedRun):
+        """The derived index of a whole discovered run (`backend/cross_rank.py`): read from
+        the run when current, else built once from every step file and written into it; kept
+        per run signature. None for a run restricted to the step files that load, and when a
+        step file cannot be read (the views then read step files as usual)."""
+        if run.signature is None:
+            return None
+        with self._lock:
+            lock = self._summary_locks.setdefault(run.path, threading.Lock())
+        with lock:  # one build per run, however many requests ask at once
+            held = self._summaries.get(run.path)
+            if held is not None and held[0] == run.signature:
+                return held[1]
+            from tessera_tb.backend import cross_rank
+
+            try:
+                # Written into the run only where it saves much (large runs); a small run's
+                # index is cheap to build again and its files are left as they are.
+                found = cross_rank.ensure_run_summary(
+                    run, write=len(run.workers) >= WRITE_SUMMARY_WORKERS
+                )
+            except (TraceFormatError, OSError) as exc:
+                logger.warning("no derived index for %s: %s", run.path, exc)
+                found = None
+            # Only the latest version of each run is kept.
+            self._summaries[run.path] = (run.signature, found)
+            return found
 
     # Results -----------------------------------------------------------------------------
 

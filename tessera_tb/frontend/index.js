@@ -227,7 +227,7 @@ class App {
     for (const w of workers) for (const pg of w.process_groups || []) groups.set(pg.name, pg);
     if (groups.size > 1) {
       for (const pg of groups.values()) {
-        options.push(["pg:" + pg.name, `group ${pg.desc || pg.name} (ranks ${pg.ranks.join(",")})`]);
+        options.push(["pg:" + pg.name, `group ${pg.desc || pg.name} (ranks ${pg.ranks_text})`]);
       }
     }
     for (const w of workers) {

@@ -107,7 +107,9 @@ class TimelineView {
       t1: s.t1,
     });
     this.ctx.showErrors(first.errors);
-    this.workers = first.selection.workers;
+    // A large selection is drawn for its first ranks only (the server says how many).
+    this.workers = first.shown_workers || first.selection.workers;
+    this.workersNote = first.workers_note || null;
     this.showCounters = this.workers.length === 1;
     this.extentNs = first.extent_ns;
     this.origin = first.origin_ns;
@@ -169,6 +171,7 @@ class TimelineView {
     this.box.replaceChildren(
       controls,
       el("p", { className: "hint", text: "Wheel to zoom, drag to pan, click a box for details; click a grey (merged) box to zoom into it." }),
+      this.workersNote ? el("div", { className: "note info timeline-capped", text: this.workersNote }) : "",
       this.scroller,
       this.details,
     );

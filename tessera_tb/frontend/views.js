@@ -221,8 +221,14 @@ async function overviewView(box, ctx) {
       ),
     ),
   );
+  // A large run: step files of a few ranks; the rank x step heatmap of every selected rank
+  // comes from the run's derived index.
+  const rankStepChart = t.rank_step ? el("div", { className: "chart heatmap-step-time" }) : null;
   box.replaceChildren(
+    data.capped ? el("div", { className: "note info overview-capped", text: data.capped.note }) : "",
     cards,
+    rankStepChart ? el("h3", { text: "Step time, rank × step (every selected rank)" }) : "",
+    rankStepChart || "",
     el(
       "div",
       {},
@@ -254,6 +260,26 @@ async function overviewView(box, ctx) {
     }),
   );
   box.querySelector("table.data:last-of-type").classList.add("step-summary-table");
+  if (rankStepChart) {
+    const rs = rowsOf(t.rank_step);
+    const ranks = [...new Set(rs.map((r) => r.rank))].sort((a, b) => a - b);
+    const stepsSeen = [...new Set(rs.map((r) => r.step))].sort((a, b) => a - b);
+    const at = new Map(rs.map((r) => [`${r.rank}:${r.step}`, r.step_time_ns / 1e6]));
+    await newPlot(ctx, rankStepChart, [{
+      type: "heatmap",
+      x: stepsSeen.map(String),
+      y: ranks.map(String),
+      z: ranks.map((k) => stepsSeen.map((st) => at.get(`${k}:${st}`) ?? null)),
+      colorscale: "Viridis",
+      hoverongaps: false,
+      hovertemplate: "rank %{y} · step %{x}<br>step time: %{z:.3f} ms<extra></extra>",
+    }], {
+      height: 320,
+      xaxis: { title: { text: "step" }, type: "category" },
+      yaxis: { title: { text: "rank" } },
+      margin: { t: 10 },
+    });
+  }
   await newPlot(ctx, breakdownChart, traces, {
     barmode: "stack",
     yaxis: { title: { text: "ms" } },
@@ -326,6 +352,7 @@ async function collectivesView(box, ctx) {
   const t = data.tables;
   box.replaceChildren(
     controls,
+    data.index ? el("div", { className: "note info collectives-index", text: data.index.note }) : "",
     el(
       "div",
       { className: "two-col" },
