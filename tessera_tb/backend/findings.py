@@ -117,7 +117,6 @@ _KIND_VIEWS = {
     "dataloader_stall": {"view": "timeline", "q": "enumerate(DataLoader)"},
     "unrecorded_idle": {"view": "timeline"},
     "exposed_collective": {"view": "collectives"},
-    "straggler_rank": {"view": "collectives"},
     "launch_bound_kernels": {"view": "kernels", "sort": "calls"},
     "pageable_memcpy": {"view": "timeline", "q": "Pageable"},
     "low_tensor_core_share": {"view": "roofline", "level": "op"},
@@ -600,10 +599,33 @@ def straggler_findings(
     a = analyze_collectives(run, workers, all_steps)
     per = stragglers(None, analysis=a)
     m = a.members[a.members["complete"]]
+    late = m[m["is_straggler"]]
+    group_of = m.groupby("worker")["group_size"].median().astype("float64").to_dict()
+    types_of = {
+        w: late_w["collective_type"].fillna(late_w["collective_name"]).value_counts()
+        for w, late_w in late.groupby("worker")
+    }
+    return _straggler_rows(
+        per, group_of, types_of, steps_of, all_steps, span_of, min_win_pct, run.name
+    )
+
+
+def _straggler_rows(
+    per: pd.DataFrame,
+    group_of: dict[str, float],
+    types_of: dict[str, pd.Series],
+    steps_of: dict[str, tuple[int, ...]],
+    all_steps: list[int],
+    span_of: dict[str, float],
+    min_win_pct: float,
+    run_name: str | None,
+) -> list[dict]:
+    """`collective_straggler` rows from a `collectives.stragglers` table (`per`), each
+    worker's median group size, the types of the instances it was late for, its steps and
+    its median step span (ns)."""
     rows = []
     for r in per.itertuples(index=False):
-        mine = m[m["worker"] == r.worker]
-        group = float(mine["group_size"].median()) if not mine.empty else 0.0
+        group = float(group_of.get(r.worker, 0.0))
         if group < 2 or r.straggler_pct < STRAGGLER_OVER_FAIR_SHARE * 100.0 / group:
             continue
         n_steps = len(steps_of.get(r.worker, ())) or len(all_steps)
@@ -612,8 +634,7 @@ def straggler_findings(
         pct = 100.0 * win_ns / span if span else 0.0
         if win_ns <= 0 or pct < min_win_pct:
             continue
-        late = mine[mine["is_straggler"]]
-        types = late["collective_type"].fillna(late["collective_name"]).value_counts()
+        types = types_of.get(r.worker, pd.Series(dtype="int64"))
         numbers = {
             "win_ns": float(win_ns),
             "span_ns": span,
@@ -641,11 +662,48 @@ def straggler_findings(
                 "evidence": evidence,
                 "numbers": numbers,
                 "link": finding_link(
-                    "collective_straggler", r.worker, numbers, run.name, None, chosen
+                    "collective_straggler", r.worker, numbers, run_name, None, chosen
                 ),
             }
         )
     return rows
+
+
+def index_straggler_findings(
+    tables: dict[str, pd.DataFrame],
+    workers: Sequence[str],
+    steps: Sequence[int],
+    run_name: str | None = None,
+    min_win_pct: float = MIN_WIN_PCT,
+) -> pd.DataFrame:
+    """`collective_straggler` findings of the selected workers and steps from a run's derived
+    index (`cross_rank.RunSummary.tables`: its rank_step straggler counts and step times, and
+    its instances), without reading a step file: the same rule and numbers as
+    `straggler_findings`, with instances matched over every rank of the run."""
+    from tessera_tb.backend.collectives import stragglers_from_counts
+
+    rs = tables["rank_step"]
+    rs = rs[rs["worker"].isin(workers) & rs["step"].isin(steps)]
+    counts = rs[rs["n_instances"] > 0]
+    per = stragglers_from_counts(
+        counts.assign(wait_ns=counts["wait_ns"].fillna(0).astype("int64"))[
+            ["worker", "rank", "n_instances", "n_straggler", "wait_ns", "others_wait_ns"]
+        ]
+    )
+    inst = tables["instances"]
+    inst = inst[inst["complete"].astype(bool) & inst["step"].isin(steps)]
+    group = float(inst["group_size"].astype("float64").median()) if len(inst) else 0.0
+    group_of = {w: group for w in per["worker"]}
+    types_of = {
+        w: g["collective_type"].fillna(g["collective_name"]).value_counts()
+        for w, g in inst.groupby("straggler_worker")
+    }
+    steps_of = {w: tuple(sorted(int(s) for s in g["step"])) for w, g in rs.groupby("worker")}
+    span_of = rs.groupby("worker")["step_time_ns"].median().astype("float64").to_dict()
+    rows = _straggler_rows(
+        per, group_of, types_of, steps_of, sorted(steps), span_of, min_win_pct, run_name
+    )
+    return pd.DataFrame(rows, columns=FINDING_COLUMNS)
 
 
 def _where(steps: Sequence[int]) -> str:
@@ -727,63 +785,3 @@ def findings(
     return df.sort_values(
         ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"
     ).reset_index(drop=True)
-
-
-def straggler_findings(rank_step: pd.DataFrame, n_ranks: int, top: int = 5) -> pd.DataFrame:
-    """Findings that name the ranks the others waited for, from per-(worker, step) straggler
-    counts (`cross_rank.RunSummary`'s rank_step rows of the selection: n_instances,
-    n_straggler, others_wait_ns, step_time_ns).
-
-    One finding per rank that was the straggler of at least one complete instance (the
-    `top` whose others waited longest): win_ms_per_step = the others' wait in the instances
-    where it arrived last (`collectives.stragglers`' others_wait_ns), per step and per other
-    rank (n_ranks - 1): what each other rank would win per step if it were on time.
-    win_pct_of_step is of the rank's median step time. Columns: FINDING_COLUMNS.
-    """
-    rows = []
-    if len(rank_step) and n_ranks > 1:
-        per = rank_step.groupby(["worker", "rank"], as_index=False).agg(
-            n_instances=("n_instances", "sum"),
-            n_straggler=("n_straggler", "sum"),
-            others_wait_ns=("others_wait_ns", "sum"),
-            n_steps=("step", "nunique"),
-            span_ns=("step_time_ns", "median"),
-            steps=("step", lambda x: tuple(sorted(set(int(v) for v in x)))),
-        )
-        per = per[per["n_straggler"] > 0].sort_values(
-            ["others_wait_ns", "rank"], ascending=[False, True]
-        )
-        for r in per.head(top).itertuples():
-            win_ns = r.others_wait_ns / r.n_steps / (n_ranks - 1)
-            win_pct = 100.0 * win_ns / r.span_ns if r.span_ns else 0.0
-            numbers = {
-                "win_ns": float(win_ns),
-                "others_wait_ns": float(r.others_wait_ns),
-                "n_straggler": int(r.n_straggler),
-                "n_instances": int(r.n_instances),
-                "span_ns": float(r.span_ns),
-            }
-            rows.append(
-                {
-                    "worker": r.worker,
-                    "rank": int(r.rank),
-                    "steps": r.steps,
-                    "kind": "straggler_rank",
-                    "subject": "",
-                    "title": (
-                        f"{r.worker} holds up the collectives: each other rank waited "
-                        f"{_ms(win_ns)} per step for it"
-                    ),
-                    "win_ms_per_step": win_ns / 1e6,
-                    "win_pct_of_step": win_pct,
-                    "severity": _severity(win_pct),
-                    "evidence": (
-                        f"last to arrive in {r.n_straggler} of its {r.n_instances} complete "
-                        f"collective instances over steps {min(r.steps)}-{max(r.steps)}; the other "
-                        f"{n_ranks - 1} ranks waited {_ms(r.others_wait_ns)} for it in all"
-                    ),
-                    "numbers": numbers,
-                    "link": finding_link("straggler_rank", "", numbers, steps=r.steps),
-                }
-            )
-    return pd.DataFrame(rows, columns=FINDING_COLUMNS)

@@ -687,8 +687,14 @@ def overview_view(run: Run, sel: Selection) -> dict:
     if index is not None:
         rs = index.tables["rank_step"]
         rs = rs[rs["worker"].isin(sel.workers) & rs["step"].isin(steps)]
-        found = pd.concat(
-            [findings.straggler_findings(rs, len(run.workers)), found], ignore_index=True
+        from_index = findings.index_straggler_findings(
+            index.tables, list(sel.workers), steps, run.name
+        )
+        # The index matched instances over every rank: its straggler findings replace those
+        # of the few ranks read here.
+        found = found[found["kind"] != "collective_straggler"]
+        found = pd.concat([from_index, found], ignore_index=True).sort_values(
+            ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"
         )
         extra["rank_step"] = rs.drop(columns=["host"]).reset_index(drop=True)
     found["steps"] = [list(s) for s in found["steps"]]

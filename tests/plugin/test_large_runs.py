@@ -37,6 +37,13 @@ def logdir16(tmp_path_factory) -> str:
     return str(logdir)
 
 
+@pytest.fixture(scope="module")
+def indexed16(logdir16) -> str:
+    """The same run with its derived index written (as a Dask import leaves it)."""
+    cross_rank.ensure_run_summary(open_run(os.path.join(logdir16, "r")), write=True)
+    return logdir16
+
+
 @pytest.fixture
 def large(monkeypatch):
     """16 ranks count as a large run."""
@@ -86,7 +93,8 @@ def test_a_subset_of_a_large_run_is_answered_from_the_index_without_reading_step
     assert answer["heatmaps"]["rank_step"]["rows"] == [8, 9, 10, 11, 12]
 
 
-def test_the_overview_of_a_large_run_reads_a_few_ranks_and_names_the_straggler(logdir16, large):
+def test_the_overview_of_a_large_run_reads_a_few_ranks_and_names_the_straggler(indexed16, large):
+    logdir16 = indexed16
     index = RunIndex(logdir16, refresh_s=600)
     answer = _view(index, "overview")
     capped = answer["capped"]
@@ -94,13 +102,27 @@ def test_the_overview_of_a_large_run_reads_a_few_ranks_and_names_the_straggler(l
     assert f"rank{STRAGGLER}" in capped["shown"] and "4 of the 16" in capped["note"]
     assert _loaded_workers(index) == set(capped["shown"])
     found = answer["tables"]["findings"]
-    first = {c: v[0] for c, v in zip(found["columns"], found["data"], strict=True)}
-    assert first["kind"] == "straggler_rank" and first["worker"] == f"rank{STRAGGLER}"
-    # Each other rank waited the straggler's others_wait_ns / 3 steps / 15 ranks per step.
+    kinds = found["data"][found["columns"].index("kind")]
+    assert kinds.count("collective_straggler") == 1
+    at = kinds.index("collective_straggler")
+    first = {c: v[at] for c, v in zip(found["columns"], found["data"], strict=True)}
+    assert first["worker"] == f"rank{STRAGGLER}"
+    # Each other rank waited the straggler's others_wait_ns / 3 steps / 15 ranks per step:
+    # the same number the live analysis of all 16 ranks gives.
     summary = cross_rank.read_run_summary(open_run(os.path.join(logdir16, "r")))
     others = summary.tables["stragglers"].set_index("rank").loc[STRAGGLER, "others_wait_ns"]
     assert first["win_ms_per_step"] == pytest.approx(others / 3 / 15 / 1e6)
-    assert f"each other rank waited {others / 3 / 15 / 1e6:.2f} ms per step" in first["title"]
+    assert first["title"] == (
+        f"rank{STRAGGLER} arrives last at 100% of collectives: the other ranks wait "
+        f"{others / 3 / 15 / 1e6:.2f} ms per step for it"
+    )
+    from tessera_tb.backend import findings
+
+    live = findings.findings(open_run(os.path.join(logdir16, "r")), steps=[4, 5, 6])
+    live = live[live["kind"] == "collective_straggler"].iloc[0]
+    assert live["worker"] == first["worker"] and live["title"] == first["title"]
+    assert live["win_ms_per_step"] == pytest.approx(first["win_ms_per_step"])
+
     rank_step = answer["tables"]["rank_step"]
     assert rank_step["total_rows"] == 16 * 3
     steps = answer["tables"]["step_times"]
