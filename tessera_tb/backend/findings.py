@@ -69,7 +69,7 @@ from tessera_tb.backend.kernel_findings import (
 )
 from tessera_tb.backend.memory_findings import describe_memory_finding, memory_finding_numbers
 from tessera_tb.backend.selection import resolve_workers, steady_state_step
-from tessera_tb.backend.summary import tensor_core_eligible_kernels
+from tessera_tb.backend.summary import tensor_core_family_op
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import DEVICE_WORK_KINDS, HOST_TREE_KINDS, KIND, StepData
 
@@ -200,6 +200,20 @@ def _exposed_by_bucket(
         )
     out.sort(key=lambda it: -it["exposed_ns"])
     return out[:TOP_OPS]
+
+
+def _ops_by_time(step: StepData, ops: np.ndarray, dur_ns: np.ndarray) -> list[dict]:
+    """The ops (name and Input Dims) whose kernels take the most of `dur_ns`, with their
+    count and kernel time: evidence rows."""
+    dims = step.attr("Input Dims")
+    keys = [(step.strings[step.events["name_id"][o]], str(dims.get(o, ""))) for o in ops.tolist()]
+    table: dict[tuple[str, str], list] = {}
+    for key, o, d in zip(keys, ops.tolist(), dur_ns.tolist()):
+        entry = table.setdefault(key, [set(), 0.0])
+        entry[0].add(o)
+        entry[1] += d
+    ranked = sorted(table.items(), key=lambda kv: -kv[1][1])[:TOP_OPS]
+    return [{"op": name, "dims": d, "count": len(v[0]), "dur_ns": v[1]} for (name, d), v in ranked]
 
 
 def _gpu_idle_self_ns_by_op(step: StepData, window: dict) -> dict[str, int]:
@@ -362,18 +376,23 @@ def step_finding_numbers(
                 "gb_per_s": float(np.nansum(nbytes) / dur.sum()) if dur.sum() else np.nan,
             }
 
-    eligible = tensor_core_eligible_kernels(step)
-    if eligible is not None:
-        rows, in_family, tensor_core = eligible
+    family = tensor_core_family_op(step)
+    if family is not None:
+        rows, op, low_precision_row = family
+        in_family = op >= 0
+        tensor_core = np.zeros(rows.size, dtype=bool)
+        tensor_core[in_family] = low_precision_row[op[in_family]]
         dur = _clipped_dur(step, rows)
         family_ns = int(dur[in_family].sum())
-        other_ns = int(dur[in_family & ~tensor_core].sum())
+        other = in_family & ~tensor_core
+        other_ns = int(dur[other].sum())
         if other_ns:
             out[("low_tensor_core_share", "")] = {
                 "win_ns": other_ns * (1.0 - 1.0 / TF32_OVER_FP32_PEAK),
                 "span_ns": span,
                 "family_ns": family_ns,
                 "no_tensor_core_ns": other_ns,
+                "items": _ops_by_time(step, op[other], dur[other]),
             }
     out.update(kernel_finding_numbers(step, window, gpu_idle, peaks))
     out.update(memory_finding_numbers(step, gpu_idle))
@@ -480,6 +499,12 @@ def _describe(kind: str, subject: str, n: dict[str, float], where: str) -> tuple
             f"types); the win assumes up to the {TF32_OVER_FP32_PEAK:.0f}x tf32/fp32 peak ratio: "
             f"use bf16 autocast or allow TF32"
         )
+        ops = n.get("items") or []
+        if ops:
+            listed = "; ".join(
+                f"{it['op']} {it['dims']} x{it['count']} {_ms(it['dur_ns'])}" for it in ops
+            )
+            evidence += f". Most time: {listed}"
         return title, evidence
     if kind == "collective_straggler":
         title = (

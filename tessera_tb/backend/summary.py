@@ -71,6 +71,20 @@ def tensor_core_eligible_kernels(
     a dtype), so they count as not eligible: the estimate is a lower bound for fp32 models
     with TF32 enabled.
     """
+    found = tensor_core_family_op(step)
+    if found is None:
+        return None
+    kernels, decided, low_precision_row = found
+    eligible = np.zeros(kernels.size, dtype=bool)
+    in_family = decided >= 0
+    eligible[in_family] = low_precision_row[decided[in_family]]
+    return kernels, in_family, eligible
+
+
+def tensor_core_family_op(step: StepData) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(compute kernel rows, the innermost matmul/conv/attention op row of each (-1 outside
+    the family), per event row: has a fp16/bf16/fp8 input) as `tensor_core_eligible_kernels`
+    decides them; None when the trace has no input types."""
     ev = step.events
     kernels = np.flatnonzero(ev["kind"] == KIND["kernel"])
     input_type = step.attrs_by_key.get("Input type")
@@ -99,10 +113,7 @@ def tensor_core_eligible_kernels(
         active = active[~hit]
         node[active] = parent[node[active]]
         active = active[node[active] >= 0]
-    eligible = np.zeros(kernels.size, dtype=bool)
-    in_family = decided >= 0
-    eligible[in_family] = low_precision_row[decided[in_family]]
-    return kernels, in_family, eligible
+    return kernels, decided, low_precision_row
 
 
 def tensor_core_time_pct_est(step: StepData) -> float:

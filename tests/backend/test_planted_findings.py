@@ -221,3 +221,12 @@ def test_each_planted_finding_links_to_the_view_that_shows_it(problem, view, q):
         assert "t.q" not in state
     else:
         assert urllib.parse.unquote(state["t.q"]).startswith(q)
+
+
+def test_the_fp32_mlp_finding_names_its_four_linear_layers():
+    """4 x nn.Linear(4096, 4096) on a [2048, 4096] fp32 batch: four addmm forward ops."""
+    run = run_of("fp32_matmul", "problem")
+    f = one(findings(run, steps=run.steps), "low_tensor_core_share")
+    top = {(it["op"], it["dims"]): it["count"] for it in f["numbers"]["items"]}
+    assert top[("aten::addmm", "[[4096],[2048,4096],[4096,4096],[],[]]")] == 4
+    assert "Most time: aten::addmm [[4096],[2048,4096],[4096,4096],[],[]] x4" in f["evidence"]
