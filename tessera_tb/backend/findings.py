@@ -534,10 +534,15 @@ def finding_link(
     run: str | None = None,
     worker: str | None = None,
     steps: Sequence[int] = (),
+    origin_ns: int | None = None,
 ) -> str:
     """A deep link to the view and selection that show a finding: the tab's URL hash
     (`#tessera&t.run=...&t.workers=...&t.steps=...&t.view=...`, docs/PLUGIN.md), without the
-    run and worker where they are not given."""
+    run and worker where they are not given. A timeline link of a finding with a
+    `window_ns` ([start, end], epoch ns) also zooms to it: `t.t0`/`t.t1` are ns from
+    `origin_ns`, the timeline's origin for these steps (the earliest start of the first step
+    over the run's workers), with a tenth of the window's width on each side, and no search
+    (which would hide the GPU idle around it)."""
     state = {"run": run, "workers": worker}
     if steps:
         lo, hi = min(steps), max(steps)
@@ -548,6 +553,12 @@ def finding_link(
             state["q"] = subject
     else:
         state.update(kernel_finding_view(kind, numbers))
+    window = numbers.get("window_ns")
+    if state.get("view") == "timeline" and window and origin_ns is not None:
+        pad = max((window[1] - window[0]) // 10, 1_000)
+        state["t0"] = str(int(window[0] - origin_ns - pad))
+        state["t1"] = str(int(window[1] - origin_ns + pad))
+        state.pop("q", None)  # the window is the selection: keep the device work around it
     parts = [f"t.{k}={quote(str(v), safe='')}" for k, v in state.items() if v]
     return "#tessera&" + "&".join(parts)
 
@@ -595,6 +606,16 @@ def _rank_findings(
             }
         )
     return out
+
+
+def _timeline_origin_ns(run: Run, steps: Sequence[int]) -> int | None:
+    """The timeline's origin for these steps (`plugin_data.timeline_origin_ns`): the earliest
+    start of the first of them over every worker of the run, from the step indexes."""
+    if not steps:
+        return None
+    first = min(steps)
+    starts = [e.start_ns for w in run.workers.values() for e in w.meta.steps if e.step == first]
+    return min(starts) if starts else None
 
 
 def _worker_peaks(run: Run, worker: str) -> DevicePeaks | None:
@@ -746,7 +767,8 @@ def step_findings(
 ) -> pd.DataFrame:
     """The findings of one step, ranked; columns as `findings` without worker, rank, steps."""
     per_step = [step_finding_numbers(step, neighbours, data_regions, peaks)]
-    rows = _rank_findings(per_step, _where([step.step]), min_win_pct, {"steps": [step.step]})
+    link_to = {"steps": [step.step], "origin_ns": step.start_ns}
+    rows = _rank_findings(per_step, _where([step.step]), min_win_pct, link_to)
     cols = FINDING_COLUMNS[3:]
     df = pd.DataFrame(rows, columns=cols)
     return df.sort_values("win_ms_per_step", ascending=False, kind="stable").reset_index(drop=True)
@@ -786,7 +808,12 @@ def findings(
             continue
         rank = int(run.worker(worker).meta.rank)
         chosen = tuple(seen_steps[worker])
-        link_to = {"run": run.name, "worker": worker, "steps": chosen}
+        link_to = {
+            "run": run.name,
+            "worker": worker,
+            "steps": chosen,
+            "origin_ns": _timeline_origin_ns(run, chosen),
+        }
         for f in _rank_findings(per_worker[worker], _where(chosen), min_win_pct, link_to):
             rows.append({"worker": worker, "rank": rank, "steps": chosen, **f})
     spans = {

@@ -352,6 +352,7 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
     frames = _python_frames(step, calls)
     by_cause: dict[str, dict] = {}
     spans: list[tuple[int, int]] = []
+    starts: list[int] = []
     for c, frame in zip(calls.tolist(), frames):
         c0 = int(ev["start_ns"][c])
         c1 = c0 + int(ev["dur_ns"][c])
@@ -369,6 +370,7 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
         entry["spans"].append((lo, hi))
         entry["wait_ns"] += c1 - c0
         spans.append((lo, hi))
+        starts.append(c0)
 
     def union_ns(pairs: list[tuple[int, int]]) -> float:
         # Several syncs in one idle gap (a loop of .item() calls) share it: count it once.
@@ -383,11 +385,14 @@ def _sync_numbers(step: StepData, window: dict) -> dict | None:
         for k, v in by_cause.items()
     ]
     items.sort(key=lambda it: -it["idle_ns"])
+    first = np.argsort(starts, kind="stable")[:TOP_ITEMS]
     return {
         "win_ns": total,
         "count": int(calls.size),
         "wait_ns": float(ev["dur_ns"][calls].sum()),
         "items": items[:TOP_ITEMS],
+        # Where the link zooms the timeline: the first syncs and the idle after them.
+        "window_ns": [int(starts[first[0]]), int(max(spans[i][1] for i in first))],
     }
 
 
@@ -495,6 +500,7 @@ def _optimizer_numbers(step: StepData, window: dict) -> dict | None:
             "device_ns": busy,
             "kernels": int(launched.size),
             "ops": int(inside.size),
+            "window_ns": [max(r0, step.start_ns), int(end)],
         }
         if best is None or win > best["win_ns"]:
             best = entry

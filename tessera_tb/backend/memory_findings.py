@@ -84,6 +84,8 @@ def memory_finding_numbers(step: StepData, gpu_idle_ns: int) -> dict[tuple[str, 
             "peak_allocated_bytes": allocated,
             "items": items[:TOP_ITEMS],
             "ops": sorted(ops.items(), key=lambda kv: -kv[1])[:TOP_ITEMS],
+            # Where the link zooms the timeline: the longest call.
+            "window_ns": [int(start[np.argmax(dur)]), int(end[np.argmax(dur)])],
         }
     }
 

@@ -160,7 +160,8 @@ function findingLink(ctx, link) {
     });
   }
   const section = ctx.sectionLink ? ctx.sectionLink(target.view) : null;
-  const where = `${target.view}${target.q ? ` (search "${target.q}")` : ""}`;
+  const at = target.t0 !== undefined ? ` (${(Number(target.t0) / 1e6).toFixed(2)}-${(Number(target.t1) / 1e6).toFixed(2)} ms)` : "";
+  const where = `${target.view}${target.q ? ` (search "${target.q}")` : ""}${at}`;
   return section
     ? el("a", { className: "finding-link", href: section, title: where, text: ` show: ${where}` })
     : el("span", { className: "finding-link", text: ` see ${where} in TensorBoard` });

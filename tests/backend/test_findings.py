@@ -339,7 +339,7 @@ def test_cuda_allocator_calls_count_their_host_time(imported_runs):
     path = os.path.join(SHARED_TRACES, "hta_tests", "cupti_profiler",
                         "benchmark_result_924719_1679055439_trace.json.gz")  # fmt: skip
     run = open_run(imported_runs(path))
-    _, events = load_trace(path)
+    base, events = load_trace(path)
     calls = [e for e in events if e["name"] in ("cudaMalloc", "cudaFree")]
     f = one(findings(run, steps=run.steps), "allocator_calls")
     assert f["numbers"]["count"] == len(calls) == 45
@@ -349,7 +349,13 @@ def test_cuda_allocator_calls_count_their_host_time(imported_runs):
     )
     by_call = {it["call"]: it["count"] for it in f["numbers"]["items"]}
     assert by_call == {"cudaMalloc": 28, "cudaFree": 17}
-    assert "t.view=timeline" in f["link"] and "t.q=cudaFree" in f["link"]
+    # The link zooms the timeline to the longest call, the 1.3 s cudaFree.
+    state = dict(p.split("=", 1) for p in f["link"].split("&")[1:])
+    assert state["t.view"] == "timeline"
+    longest = max(calls, key=lambda e: ns(e["dur"]))
+    origin = run.load_step(sorted(run.workers)[0], run.steps[0]).start_ns
+    start = base + ns(longest["ts"]) - origin
+    assert int(state["t.t0"]) < start < start + ns(longest["dur"]) < int(state["t.t1"])
 
 
 def test_runs_with_a_warm_allocator_have_no_allocator_finding(ddp):
