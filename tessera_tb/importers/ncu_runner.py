@@ -41,6 +41,10 @@ class NcuError(Exception):
     """One line for the user: what went wrong and what to change."""
 
 
+class NcuNoKernels(NcuError):
+    """ncu ran the program to the end but profiled no kernel (no launch passed its filters)."""
+
+
 def find_ncu(explicit: str | None = None) -> str:
     """The ncu executable: `explicit`, else `ncu` on PATH, else the usual install places."""
     if explicit:
@@ -146,7 +150,7 @@ def profile_program(
         )
     report = report_base + ".ncu-rep"
     if profiled == 0 or not os.path.isfile(report):
-        raise NcuError(
+        raise NcuNoKernels(
             "ncu profiled no kernel in the chosen step: the program opened no NVTX range "
             "tessera_step_N for it (does it run under profile.session with CUDA, for as many "
             "steps as the run recorded?); ncu said: " + " | ".join(tail)[-300:]

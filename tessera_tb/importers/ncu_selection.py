@@ -13,7 +13,8 @@ where the session opens a start/end NVTX range `tessera_step_N` per step; ncu's 
   each launch configuration (function, grid, block, shared memory) of the step: one instance
   per distinct kernel, in launch order. A kernel RUN knows that ncu did not profile in a pass
   (if ncu's configuration key were coarser than ours) gets a further pass restricted to
-  those kernels' function names (`--kernel-name regex:...`), at most MAX_PASSES in all;
+  those kernels' function names (`--kernel-name regex:...`), every launch of them when they
+  are at most LATER_PASS_LAUNCHES launches, at most MAX_PASSES passes in all;
 - `all_launches` profiles every launch of the step (the exact join: launch order);
 - `kernels` (a regular expression searched in the run's kernel names) and `max_kernels` (the
   distinct kernels with the most time in the step) narrow the distinct kernels; ncu is then
@@ -72,6 +73,7 @@ NCU_METRICS = (
 PASSES_PER_KERNEL = 27
 SECONDS_PER_KERNEL = 0.8
 MAX_PASSES = 3
+LATER_PASS_LAUNCHES = 100
 
 
 def collect_args() -> list[str]:
@@ -103,6 +105,7 @@ class Plan:
     step_launches: int  # launches of the chosen steps in RUN
     distinct: list[DistinctKernel]  # the distinct kernels chosen (after --kernels/--max-kernels)
     all_distinct: int  # distinct kernels of the steps before narrowing
+    all_kernels: list[DistinctKernel]  # every distinct kernel of the steps
     all_launches: bool
     narrowed: bool
     notes: list[str] = field(default_factory=list)
@@ -132,8 +135,11 @@ class Plan:
             "per kernel) plus the program's own run"
         )
 
-    def filter_args(self, only_bases: list[str] | None = None) -> list[str]:
-        """ncu's kernel filters for this plan (a later pass: `only_bases`)."""
+    def filter_args(
+        self, only_bases: list[str] | None = None, every_launch: bool = False
+    ) -> list[str]:
+        """ncu's kernel filters for this plan; a later pass: `only_bases` (function names),
+        and `every_launch` to profile every launch of them in the step."""
         args = ["--nvtx"]
         for s in self.steps:
             args += ["--nvtx-include", step_range_name(s)]
@@ -143,9 +149,14 @@ class Plan:
         if bases:
             alternatives = "|".join(re.escape(b) for b in sorted(set(bases)))
             args += ["--kernel-name-base", "function", "--kernel-name", f"regex:^({alternatives})$"]
-        if not self.all_launches:
+        if not (self.all_launches or every_launch):
             args += ["--filter-mode", "per-launch-config", "--launch-count", "1"]
         return args
+
+    def launches_of(self, bases: list[str]) -> int:
+        """Launches in the chosen steps of the kernels with these function names."""
+        wanted = set(bases)
+        return sum(d.launches for d in self.all_kernels if d.base in wanted)
 
 
 def kernel_key(name: str, config: str | None) -> str:
@@ -236,6 +247,7 @@ def plan_counters(
         step_launches=int(names.size),
         distinct=distinct,
         all_distinct=len(table),
+        all_kernels=list(table.values()),
         all_launches=all_launches,
         narrowed=narrowed,
     )

@@ -74,6 +74,7 @@ class StepJoin:
     launches_without: int = 0  # run launches of the recorded steps without counters
     mismatches: list[str] = field(default_factory=list)  # first profiled rows without a kernel
     mismatched: int = 0
+    duplicates: int = 0  # profiled rows of a kernel whose step launches all had counters
     distinct_run: int = 0  # distinct (name, grid, block) in the profiled steps of the run
     distinct_covered: int = 0
     missing_keys: list[str] = field(default_factory=list)  # distinct kernels without counters
@@ -173,6 +174,10 @@ def join_steps(
                 if slots:
                     j = slots.pop()
                     link[j], code[j] = r, MATCH_NAME
+                elif pkeys[r] in free:
+                    # another sample of a kernel whose launches all have counters already
+                    # (a later ncu pass profiled it again): not a mismatch, not stored
+                    info.duplicates += 1
                 else:
                     unmatched.append(int(r))
         for r in rows:

@@ -16,6 +16,7 @@ import gzip
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -34,6 +35,11 @@ VALUE_OPTIONS = {
     "--import",
     "--page",
 }
+
+
+def function_name(kernel: str) -> str:
+    """ncu's `--kernel-name-base function`: the identifier without namespaces and templates."""
+    return kernel.split("(")[0].split("<")[0].split()[-1].split("::")[-1]
 
 
 def main(argv: list[str]) -> int:
@@ -82,11 +88,16 @@ def main(argv: list[str]) -> int:
     rows = list(csv.reader(io.StringIO(raw.decode("utf-8"))))
     header, units, data = rows[0], rows[1], rows[2:]
     name, grid, block = (header.index(c) for c in ("Kernel Name", "Grid Size", "Block Size"))
+    if "--kernel-name" in opts:  # regex:^(a|b)$ on the function name (--kernel-name-base function)
+        rx = re.compile(opts["--kernel-name"][0].removeprefix("regex:"))
+        data = [r for r in data if rx.search(function_name(r[name]))]
     if opts.get("--filter-mode") == ["per-launch-config"]:
+        # FAKE_NCU_MODE=coarse: a configuration key without the function (grid, block only)
         seen, kept = set(), []
         for r in data:
-            if (r[name], r[grid], r[block]) not in seen:
-                seen.add((r[name], r[grid], r[block]))
+            key = (r[grid], r[block]) if mode == "coarse" else (r[name], r[grid], r[block])
+            if key not in seen:
+                seen.add(key)
                 kept.append(r)
         data = kept
     ident = header.index("ID")
@@ -94,8 +105,12 @@ def main(argv: list[str]) -> int:
         r[ident] = str(k)
     if mode == "na_row":
         data[1][header.index("gpu__time_duration.sum")] = "n/a"
+    if not data:
+        print("==PROF== Disconnected from process 4242")
+        print("==WARNING== No kernels were profiled.")
+        return 0
     for k, r in enumerate(data):
-        short = r[name].split("(")[0].split("<")[0].split()[-1]
+        short = function_name(r[name])
         print(
             f'==PROF== Profiling "{short}" - {k} ({k + 1}/{len(data)}): 0%....50%....100% - '
             "27 passes",

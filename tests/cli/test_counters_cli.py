@@ -146,6 +146,24 @@ def test_kernels_and_max_kernels_narrow_what_ncu_is_asked_for(tmp_path, gpt2_run
     assert name_filter.startswith("regex:^(nvjet_sm90_tst_") and name_filter.count("|") == 1
 
 
+def test_kernels_a_pass_missed_get_a_pass_of_their_own(tmp_path, gpt2_run):
+    # an ncu whose configuration key left out the function (grid and block only) would miss
+    # kernels sharing a grid and block with an earlier one; later passes ask for the missing
+    # kernels' function names, and what is still missing is listed, not hidden
+    out = tessera_prof(
+        "counters", gpt2_run, "--", *_program(gpt2_run), env=_fake_ncu(tmp_path, "coarse"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    calls = [c for c in _calls(tmp_path) if "--import" not in c]
+    assert len(calls) == 3 and "--kernel-name" not in calls[0]
+    pass2 = calls[1][calls[1].index("--kernel-name") + 1]
+    assert pass2.startswith("regex:^(") and "fused_dropout_kernel_vec" in pass2
+    first = int(out.stdout.split(" distinct kernels got no counters in pass 1")[0].split()[-1])
+    covered = int(out.stdout.split("distinct kernels with counters: ")[1].split()[0])
+    assert 83 - first < covered < 83
+    assert out.stdout.count("  no counters: ") == min(5, 83 - covered)
+
+
 def _assert_error(out, *needles: str) -> None:
     assert out.returncode == 2, (out.stdout, out.stderr)
     err = out.stderr.strip().splitlines()
@@ -167,7 +185,7 @@ def _assert_error(out, *needles: str) -> None:
         (
             "other_model",
             (
-                "do not match the run: 3 of 250 profiled kernels of step 3",
+                "do not match the run: 32 of 250 profiled kernels of step 3",
                 "first mismatch: profiled #0",
             ),
         ),

@@ -174,7 +174,9 @@ def test_another_model_matches_almost_nothing_and_says_which(gpt2, resnet):
     _, rk, _ = gpt2
     _, _, other = resnet
     profile, info = join_steps(other, rk, worker="worker0")
-    assert info.profiled_matched <= 5 and info.mismatched >= 245
+    # 32 of its 250 launches are kernels GPT-2's step 3 also runs (fills, copies): 3 find a
+    # launch of their own, 29 find theirs taken; the other 218 are mismatches
+    assert (info.profiled_matched, info.duplicates, info.mismatched) == (3, 29, 218)
     assert info.mismatches[0].startswith("profiled #0 (step 3) ")
     assert int((profile.match == MATCH_NONE).sum()) == info.mismatched
 
