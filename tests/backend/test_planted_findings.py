@@ -243,3 +243,35 @@ def test_a_timeline_link_zooms_to_the_first_syncs_of_the_median_step():
     syncs = df[df["name"] == "cudaStreamSynchronize"].sort_values("start_ns")
     assert t0 < syncs["start_ns"].iloc[0] < syncs["start_ns"].iloc[2] < t1
     assert t1 < syncs["start_ns"].iloc[3] + 1_000_000
+
+
+def test_a_gpt2_lm_head_with_vocabulary_50257_is_named_with_its_win():
+    """Hugging Face GPT-2 (n_embd 512, batch 8 x 256 tokens, vocabulary 50,257, bf16
+    autocast) on an H100: the LM head's forward and two backward GEMMs, 2 x 2048 x 512 x 50257
+    FLOPs each, run in cuBLAS' sm75 CUTLASS kernels; the finding names them first."""
+    run = open_run(os.path.join(ROOT, "tests", "data", "ncu_step", "gpt2"))
+    step = run.load_step("worker0", 3)
+    f = one(step_findings(step, peaks=H100), "gemm_below_roof")
+    items = f["numbers"]["items"]
+    # (M, N, K): logits = x [2048, 512] @ W^T; grad_x = g [2048, 50257] @ W; grad_W = g^T @ x
+    assert sorted(it["dims"] for it in items) == sorted(
+        [[2048, 50257, 512], [2048, 512, 50257], [50257, 512, 2048]]
+    )
+    assert all("dims 50257 not multiples of 8" in it["reasons"] for it in items)
+    assert all(any("sm75 on an sm90" in r for r in it["reasons"]) for it in items)
+    # By hand: every kernel launched inside an aten::mm whose input dims hold 50257.
+    ev = step.events
+    names = step.string_values(ev["name_id"])
+    dims = step.attr("Input Dims")
+    kernels = np.flatnonzero((ev["kind"] == KIND["kernel"]) & (ev["launch"] >= 0))
+    ops = ev["parent"][ev["launch"][kernels]]
+    lm_head = kernels[
+        (names[ops] == "aten::mm") & np.array(["50257" in str(dims.get(o, "")) for o in ops])
+    ]
+    assert sum("cutlass_75" in n for n in names[lm_head]) == 3  # one GEMM kernel per op
+    flops = 2 * 2048 * 512 * 50257
+    hand = (
+        float(ev["dur_ns"][lm_head].sum()) - 3 * flops / (ATTAINABLE_ROOF_FRACTION * 989e12) * 1e9
+    )
+    assert sum(it["win_ns"] for it in items) == pytest.approx(hand, rel=1e-6)
+    assert "; most to win: aten::mm [2048x50257x512] at " in f["title"]
