@@ -18,6 +18,8 @@ from tessera_tb.importers.kernel_names import kernel_base_name, kernel_name_key
 from tessera_tb.trace.kernel_counters import (
     LINKED_METHODS,
     MATCH_BASE_NAME,
+    MATCH_CAPABILITY,
+    MEASURED,
     CounterProfile,
     load_kernel_counters,
 )
@@ -34,6 +36,7 @@ ID_COLUMNS = [
     "op_name",
     "op_input_dims",
     "profile_index",
+    "counters",
 ]
 
 
@@ -95,7 +98,8 @@ def counter_instances(
 
     Columns: ID_COLUMNS (worker, step, row, kernel_name as the run spells it, dur_ns of the run
     kernel, op_row/op_name/op_input_dims of its owning op, profile_index = position in the
-    worker's profile) and one column per requested metric (NaN where the profile lacks it).
+    worker's profile, counters = `measured` or `measured:same-kernel-instance`) and one column
+    per requested metric (NaN where the profile lacks it).
     """
     profiles = worker_profiles(run, workers) if profiles is None else profiles
     frames = []
@@ -117,6 +121,9 @@ def counter_instances(
             "op_name": op_name,
             "op_input_dims": op_dims,
             "profile_index": idx,
+            # `measured`, or `measured:same-kernel-instance` when another launch's counters
+            # stand for this one (kernel_counters.MATCH_CAPABILITY)
+            "counters": [MATCH_CAPABILITY.get(int(m), MEASURED) for m in p.match[idx]],
         }
         for m in metrics:
             data[m] = p.values(m)[idx]

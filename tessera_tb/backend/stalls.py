@@ -22,7 +22,7 @@ import pandas as pd
 
 from tessera_tb.backend.counter_join import counter_instances, worker_profiles
 from tessera_tb.importers.ncu_csv import ISSUE_STATES, STALL_REASONS, stall_metric
-from tessera_tb.trace.kernel_counters import CounterProfile
+from tessera_tb.trace.kernel_counters import MEASURED_SAME_INSTANCE, CounterProfile
 from tessera_tb.trace.reader import Run
 
 CATEGORIES = {
@@ -126,6 +126,11 @@ def _long(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         part["issued_source"] = source
         part["stall_warp_cycles"] = ratio * issued
         part["low_confidence"] = low
+        part["same_instance"] = (
+            frame["counters"].to_numpy(object) == MEASURED_SAME_INSTANCE
+            if "counters" in frame
+            else False
+        )
         parts.append(part)
     return pd.concat(parts, ignore_index=True)
 
@@ -173,7 +178,9 @@ def stall_breakdown(
     "not a stall" for selected / not_selected), stall_warp_cycles (sum of ratio x issued
     instructions), issued_inst (summed), cycles_per_issued_inst (stall_warp_cycles /
     issued_inst), share_pct (of the group's 17 stall reasons, sums to 100), kernels,
-    low_confidence_kernels (kernels below one wave). Rows by group, then share, largest first.
+    low_confidence_kernels (kernels below one wave), same_instance_kernels (kernels whose
+    counters are another launch's of the same name, grid and block:
+    `measured:same-kernel-instance`). Rows by group, then share, largest first.
     """
     keys_of = {
         "instance": ["worker", "step", "row", "kernel_name"],
@@ -221,6 +228,7 @@ def stall_breakdown(
             "stall_warp_cycles": g["stall_warp_cycles"].sum(min_count=1),
             "issued_inst": g["issued_inst"].sum(min_count=1),
             "kernels": g.size(),
+            "same_instance_kernels": g["same_instance"].sum(),
             "low_confidence_kernels": g["low_confidence"].sum(),
         }
     ).reset_index()

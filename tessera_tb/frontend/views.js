@@ -660,11 +660,12 @@ async function stallsView(box, ctx) {
     drill.replaceChildren(el("h3", { className: "drill-title", text: `Reasons: ${shortName(g, 160)}` }));
     const reasonChart = el("div", { className: "chart stall-reasons-chart" });
     drill.append(reasonChart);
+    // same_instance_kernels: kernels whose counters were measured on another launch of the
+    // same kernel (measured:same-kernel-instance), not on their own
+    const cols = ["reason", "category", "share_pct", "cycles_per_issued_inst", "kernels", "same_instance_kernels", "low_confidence_kernels"];
     const table = {
-      columns: ["reason", "category", "share_pct", "cycles_per_issued_inst", "kernels", "low_confidence_kernels"],
-      data: ["reason", "category", "share_pct", "cycles_per_issued_inst", "kernels", "low_confidence_kernels"].map((c) =>
-        reasons.filter((r) => label(r) === g).map((r) => r[c]),
-      ),
+      columns: cols,
+      data: cols.map((c) => reasons.filter((r) => label(r) === g).map((r) => r[c] ?? null)),
     };
     drill.append(dataTable(table));
     await newPlot(ctx, reasonChart, [

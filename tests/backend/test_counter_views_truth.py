@@ -165,3 +165,17 @@ def test_roofline_points_say_whose_counters_they_carry(run_with_counters):
     assert soft3.flops.tolist() == soft4.flops.tolist()
     measured = other[other.flops_source.isin(["measured", "partial"])]
     assert len(measured) > 0 and (measured.counters_same_instance_pct == 100.0).all()
+
+
+def test_stalls_count_the_kernels_measured_on_another_launch(run_with_counters):
+    by_kernel3 = analyze.stalls(trace=run_with_counters, group_by="kernel", steps=[3])
+    by_kernel4 = analyze.stalls(trace=run_with_counters, group_by="kernel", steps=[4])
+    soft3 = by_kernel3[by_kernel3.kernel_name.str.contains("cunn_SoftMaxForward")]
+    soft4 = by_kernel4[by_kernel4.kernel_name.str.contains("cunn_SoftMaxForward")]
+    assert set(soft3.same_instance_kernels) == {0} and set(soft4.same_instance_kernels) == {1}
+    assert (by_kernel4.same_instance_kernels == by_kernel4.kernels).all()
+    # step 3: one launch per distinct kernel was profiled, the others stand in
+    assert (
+        by_kernel3.drop_duplicates("kernel_name").eval("kernels - same_instance_kernels").sum()
+        == 83
+    )
