@@ -26,6 +26,7 @@ import argparse
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -131,7 +132,13 @@ def _train_cmd(model_name: str, run_dir: str) -> list[str]:
 def _stream(cmd: list[str], timeout_s: float, prefix: str) -> tuple[int, float, list[str]]:
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+        start_new_session=True,  # so that a timeout ends ncu and the program too
     )
     lines = []
     assert proc.stdout is not None
@@ -141,7 +148,7 @@ def _stream(cmd: list[str], timeout_s: float, prefix: str) -> tuple[int, float, 
             lines.append(line)
             say(prefix + line)
             if time.monotonic() - t0 > timeout_s:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 say(f"{prefix}(killed after {timeout_s:.0f} s)")
                 break
     finally:
