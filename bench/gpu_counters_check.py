@@ -169,7 +169,7 @@ def check_model(model_name: str, work: str, out: str) -> None:
     check(run.steps == [2, 3, 4], f"{model_name}: run has steps {run.steps} (want 2, 3, 4)")
     csv_path = os.path.join(work, f"{model_name}_counters_raw.csv")
     cmd = [sys.executable, "-m", "tessera.cli.main", "counters", run_dir, "--save-csv", csv_path,
-           "--", *_train_cmd(model_name, run_dir)]  # fmt: skip
+           "-v", "--", *_train_cmd(model_name, run_dir)]  # fmt: skip
     say("  $ " + " ".join(cmd))
     rc, took, lines = _stream(cmd, COUNTERS_TIMEOUT_S[model_name], "  [counters] ")
     check(rc == 0, f"{model_name}: tessera-prof counters exit {rc}, took {took:.1f} s")
