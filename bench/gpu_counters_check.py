@@ -178,6 +178,11 @@ def check_model(model_name: str, work: str, out: str) -> None:
         f"{model_name}: the estimate is printed before ncu starts",
     )
     check(any(" kernel 1/" in ln for ln in lines), f"{model_name}: progress per kernel is printed")
+    check(
+        any("tessera capture: running under Nsight Compute" in ln for ln in lines)
+        and any("markers_only=Nsight Compute" in ln for ln in lines),
+        f"{model_name}: under ncu the session recorded markers only and said so in one line",
+    )
     if rc != 0:
         return
     report_counters(model_name, run_dir, csv_path)
