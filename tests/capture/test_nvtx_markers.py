@@ -63,6 +63,8 @@ def test_injected_tool_names_nsight_compute_and_systems_from_their_injection_lib
     assert injected_tool({"TESSERA_MARKERS_ONLY": "Nsight Compute"}) == "Nsight Compute"
     assert injected_tool({}) is None
     assert injected_tool({"CUDA_INJECTION64_PATH": " "}) is None
+    assert injected_tool({"CUDA_INJECTION64_PATH": "none"}) is None
+    assert injected_tool({"NSYS_PROFILING_SESSION_ID": "7"}) == "Nsight Systems"
 
 
 def _loop(sess, steps: int) -> None:

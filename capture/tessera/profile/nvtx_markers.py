@@ -27,6 +27,7 @@ from tessera_tb.nvtx_names import step_range_name
 # below are the tools' own.
 MARKERS_ENV = "TESSERA_MARKERS_ONLY"
 _INJECTION_ENV = "CUDA_INJECTION64_PATH"
+_NSYS_SESSION_ENV = "NSYS_PROFILING_SESSION_ID"  # set by nsys in the processes it profiles
 _TOOLS = (
     # (substring of the injection library's path, lower case) -> tool
     ("nsight-compute", "Nsight Compute"),
@@ -43,15 +44,16 @@ def injected_tool(environ: dict[str, str] | None = None) -> str | None:
 
     `TESSERA_MARKERS_ONLY=<tool>` (set by `tessera-prof counters`) names the tool directly;
     otherwise `CUDA_INJECTION64_PATH`, which ncu and nsys set in the process they profile,
-    names the tool's library. Any injected library is taken as a tool holding CUPTI.
+    names the tool's library (`none`, a common setting, is no tool); nsys also sets
+    `NSYS_PROFILING_SESSION_ID`. Any injected library is taken as a tool holding CUPTI.
     """
     env = os.environ if environ is None else environ
     forced = env.get(MARKERS_ENV, "").strip()
     if forced:
         return forced
     path = env.get(_INJECTION_ENV, "").strip()
-    if not path:
-        return None
+    if not path or path.lower() == "none":  # `none` is a common "no injection" setting
+        return "Nsight Systems" if env.get(_NSYS_SESSION_ENV, "").strip() else None
     low = path.lower()
     for needle, tool in _TOOLS:
         if needle in low:
