@@ -22,7 +22,7 @@ from tessera_tb.backend.selection import (
 )
 from tessera_tb.backend.utilization import gpu_busy_pct
 from tessera_tb.importers.ncu_csv import TENSOR_SRC_PATHS
-from tessera_tb.trace.kernel_counters import CounterProfile
+from tessera_tb.trace.kernel_counters import MATCH_INSTANCE, CounterProfile
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import KIND, StepData
 
@@ -227,6 +227,12 @@ def measured_kernel_figures(
             tensor += np.nan_to_num(profile.values(name)[idx])
     tensor_pct = 100.0 * dur[tensor > 0].sum() / dur.sum() if dur.sum() else np.nan
     note = f"measured on {idx.size} kernel(s), {coverage:.1f}% of the step's kernel time"
+    same = int((profile.match[idx] == MATCH_INSTANCE).sum())
+    if same:
+        note += (
+            f"; {same} of them with the counters of another launch of the same kernel "
+            "(measured:same-kernel-instance)"
+        )
     return occupancy, tensor_pct, coverage, note
 
 

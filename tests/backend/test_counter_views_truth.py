@@ -118,6 +118,11 @@ def test_divergence_and_overview_use_the_measured_counters(run_with_counters):
     assert layer_norm.warp_divergence_pct.iloc[0] > 5.0
     s = analyze.summary(trace=run_with_counters, steps=[3])
     assert s.sm_occupancy_note.iloc[0].startswith("measured on 388 kernel(s)")
+    # 83 launches of step 3 were profiled; the other 305 carry their kernel instance's counters
+    assert s.sm_occupancy_note.iloc[0].endswith(
+        "; 305 of them with the counters of another launch of the same kernel "
+        "(measured:same-kernel-instance)"
+    )
     assert 0 < s.tensor_core_time_pct.iloc[0] < 100
 
 
