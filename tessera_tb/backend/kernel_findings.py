@@ -329,14 +329,13 @@ def _python_frames(step: StepData, rows: np.ndarray) -> list[str]:
     )
     out = []
     for n in node.tolist():
-        first = ""
         while n >= 0:
             name = step.strings[ev["name_id"][n]]
-            first = first or name
             if "torch/" not in name and not name.startswith("<built-in"):
                 break
             n = int(ev["parent"][n])
-        out.append(name if n >= 0 else first)
+        # Without a user frame, say nothing: a built-in's name carries an object address.
+        out.append(name if n >= 0 else "")
     return out
 
 
@@ -555,12 +554,24 @@ def describe_kernel_finding(kind: str, n: dict, where: str) -> tuple[str, str]:
                 f"{_ms(it['dur_ns'])}, {it['tflops']:.0f} TFLOP/s = {it['roof_pct']:.0f}% of "
                 f"the dense roof ({why}; kernel {_short(it['kernel'])})"
             )
+        reasons = " ".join(r for it in items for r in it["reasons"])
+        advice = []
+        if "not multiples" in reasons:
+            advice.append(
+                f"pad dims to multiples of {ALIGN_BYTES} bytes' worth of elements (e.g. a "
+                f"vocabulary of 50,304, not 50,257) so that cuBLAS picks a current tensor-core "
+                f"kernel"
+            )
+        elif "built for sm" in reasons:
+            advice.append("update cuBLAS/cuDNN (torch) so that kernels for this GPU are picked")
+        if "one wave" in reasons:
+            advice.append("give each GEMM more work (batch them, or larger tiles of M x N)")
+        if not advice:
+            advice.append("see why with Nsight Compute counters (tessera-prof counters)")
         evidence = (
             f"{'; '.join(parts)}. Win: kernel time minus the time at "
             f"{100 * n['attainable_fraction']:.0f}% of the roof (FLOPs and bytes from the "
-            f"shapes), for kernels with work queued behind them: pad dims to multiples of "
-            f"{ALIGN_BYTES} bytes' worth of elements (e.g. a vocabulary of 50,304, not 50,257) "
-            f"so that cuBLAS picks a current tensor-core kernel"
+            f"shapes), for kernels with work queued behind them: {'; '.join(advice)}"
         )
         return title, evidence
     if kind == "host_sync":

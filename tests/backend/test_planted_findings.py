@@ -275,3 +275,16 @@ def test_a_gpt2_lm_head_with_vocabulary_50257_is_named_with_its_win():
     )
     assert sum(it["win_ns"] for it in items) == pytest.approx(hand, rel=1e-6)
     assert "; most to win: aten::mm [2048x50257x512] at " in f["title"]
+
+
+@pytest.mark.parametrize("run_name", ["gpt_1gpu", "ddp_gpt_2rank", "fsdp_gpt_4rank"])
+def test_the_demo_runs_have_no_gemm_sync_optimizer_or_allocator_finding(run_name):
+    """GEMMs within reach of their roof, a sync or two per step, a fused/foreach optimizer, a
+    warm allocator: measured (below the threshold) but none reported."""
+    run = open_run(os.path.join(ROOT, "demo_runs", run_name))
+    new_kinds = {"gemm_below_roof", "host_sync", "unfused_optimizer", "allocator_calls"}
+    assert not set(findings(run, steps=run.steps)["kind"]) & new_kinds
+    everything = findings(run, steps=run.steps, min_win_pct=0)
+    below = everything[everything["kind"].isin(new_kinds)]
+    assert not below.empty and (below["win_pct_of_step"] < 2.0).all()
+    assert not set(below["kind"]) & {"unfused_optimizer", "allocator_calls"}
