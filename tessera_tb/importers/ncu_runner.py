@@ -31,6 +31,10 @@ _PROFILING = re.compile(
 )
 _ERROR = "==ERROR=="
 _APP_FAILED = "The application returned an error code"
+_UNKNOWN_METRIC = re.compile(
+    r"(?:Failed to find metrics?|[Uu]nknown metrics?|[Ii]nvalid metrics?|metrics? not found)"
+    r"\W*(?P<name>[A-Za-z_][\w.]*__[\w.]+)?"
+)
 _KERNEL_FAILED = re.compile(
     r"Failed to profile|[Pp]rofiling failed|could not be (?:collected|profiled)"
 )
@@ -39,6 +43,15 @@ TAIL_LINES = 12
 
 class NcuError(Exception):
     """One line for the user: what went wrong and what to change."""
+
+
+class NcuUnknownMetric(NcuError):
+    """ncu refused a metric name this GPU or ncu version does not have (`metric`: the name,
+    or "" when ncu's line did not name it)."""
+
+    def __init__(self, message: str, metric: str) -> None:
+        super().__init__(message)
+        self.metric = metric
 
 
 class NcuNoKernels(NcuError):
@@ -109,6 +122,7 @@ def profile_program(
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     app_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     profiled, passes, kernel_errors, perm, app_failed = 0, 0, [], False, False
+    unknown_metric = ""
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = raw.rstrip("\n")
@@ -130,6 +144,8 @@ def profile_program(
             text = line[len(_ERROR) :].strip()
             if _APP_FAILED in text:
                 app_failed = True
+            elif _UNKNOWN_METRIC.search(text):
+                unknown_metric = unknown_metric or text
             elif _KERNEL_FAILED.search(text):
                 kernel_errors.append(text)
             continue
@@ -142,6 +158,12 @@ def profile_program(
     seconds = time.monotonic() - t0
     if perm:
         raise NcuError(PERM_HELP)
+    if unknown_metric:
+        m = _UNKNOWN_METRIC.search(unknown_metric)
+        raise NcuUnknownMetric(
+            f"ncu does not know a metric it was asked for on this GPU: {unknown_metric}",
+            (m.group("name") or "") if m else "",
+        )
     if rc != 0 or app_failed:
         last = " | ".join(x for x in app_tail if x.strip())[-600:] or " | ".join(tail)[-600:]
         raise NcuError(

@@ -76,12 +76,15 @@ MAX_PASSES = 3
 LATER_PASS_LAUNCHES = 100
 
 
-def collect_args() -> list[str]:
-    """ncu options selecting the sections and metrics (no kernel filters)."""
+def collect_args(without: list[str] | None = None) -> list[str]:
+    """ncu options selecting the sections and metrics (no kernel filters); `without`: named
+    metrics to leave out ("*": all of them), those an older ncu or another GPU refused."""
     out = []
     for s in NCU_SECTIONS:
         out += ["--section", s]
-    return out + ["--metrics", ",".join(NCU_METRICS)]
+    skip = set(without or ())
+    metrics = [] if "*" in skip else [m for m in NCU_METRICS if m not in skip]
+    return out + (["--metrics", ",".join(metrics)] if metrics else [])
 
 
 @dataclass

@@ -3,7 +3,8 @@
 ncu does, and "profiles" by replaying a real ncu raw-page CSV taken on an H100.
 
 Environment: FAKE_NCU_CSV (the CSV replayed), FAKE_NCU_MODE (ok, perm, kernelerr, nokernels,
-na_row), FAKE_NCU_LOG (each invocation's arguments are appended as one JSON line).
+na_row, coarse, badmetric), FAKE_NCU_LOG (each invocation's arguments are appended as one
+JSON line).
 `--filter-mode per-launch-config --launch-count 1` keeps the first row of each (kernel name,
 grid, block), as ncu keeps the first launch of each launch configuration. The report file
 it writes holds the CSV; `ncu --import REPORT --csv --page raw` prints it.
@@ -62,6 +63,10 @@ def main(argv: list[str]) -> int:
             sys.stdout.write(f.read())
         return 0
     mode = os.environ.get("FAKE_NCU_MODE", "ok")
+    refused = "smsp__sass_thread_inst_executed_op_hadd_pred_on.sum"
+    if mode == "badmetric" and refused in ",".join(opts.get("--metrics", [])):
+        print(f"==ERROR== Failed to find metric {refused}")
+        return 1
     print("==PROF== Connected to process 4242 (" + program[0] + ")", flush=True)
     if mode == "perm":
         print(

@@ -164,6 +164,20 @@ def test_kernels_a_pass_missed_get_a_pass_of_their_own(tmp_path, gpt2_run):
     assert out.stdout.count("  no counters: ") == min(5, 83 - covered)
 
 
+def test_a_metric_ncu_refuses_is_left_out_and_the_pass_runs_again(tmp_path, gpt2_run):
+    out = tessera_prof(
+        "counters", gpt2_run, "--", *_program(gpt2_run), env=_fake_ncu(tmp_path, "badmetric"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "ncu does not know a metric it was asked for on this GPU" in out.stdout
+    calls = [c for c in _calls(tmp_path) if "--import" not in c]
+    refused = "smsp__sass_thread_inst_executed_op_hadd_pred_on.sum"
+    assert len(calls) == 2 and refused in calls[0][calls[0].index("--metrics") + 1]
+    retry = calls[1][calls[1].index("--metrics") + 1].split(",")
+    assert refused not in retry and "smsp__inst_issued.sum" in retry
+    assert "distinct kernels with counters: 83 of 83" in out.stdout
+
+
 def _assert_error(out, *needles: str) -> None:
     assert out.returncode == 2, (out.stdout, out.stderr)
     err = out.stderr.strip().splitlines()

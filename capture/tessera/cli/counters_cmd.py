@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from tessera_tb.importers.ncu_runner import (
         NcuError,
         NcuNoKernels,
+        NcuUnknownMetric,
         export_raw_csv,
         find_ncu,
         profile_program,
@@ -109,11 +110,12 @@ def run(args: argparse.Namespace) -> int:
 
     wanted_keys = None if plan.all_launches else _distinct_keys(plan)
     tables, only_bases, passes, runs, missing_before = [], None, 0, [], None
+    dropped: list[str] = []  # named metrics ncu refused on this GPU
     with tempfile.TemporaryDirectory(prefix="tessera-counters-") as tmp:
         try:
             while True:
                 passes += 1
-                ncu_args = ["--clock-control", "none", *collect_args()]
+                ncu_args = ["--clock-control", "none", *collect_args(without=dropped)]
                 every = only_bases is not None and plan.launches_of(only_bases) <= max(
                     LATER_PASS_LAUNCHES, 3 * len(only_bases)
                 )
@@ -134,6 +136,15 @@ def run(args: argparse.Namespace) -> int:
                         progress=lambda line: print(line, flush=True),
                         echo=(lambda line: print(line, flush=True)) if args.verbose else None,
                     )
+                except NcuUnknownMetric as exc:
+                    if "*" in dropped:
+                        raise
+                    # run again without the refused metric (or without every named metric
+                    # when ncu did not name it): the sections still give the views theirs
+                    dropped.append(exc.metric or "*")
+                    print(f"{exc}; running the pass again without {exc.metric or 'them'}")
+                    passes -= 1
+                    continue
                 except NcuNoKernels:
                     if passes == 1:
                         raise
