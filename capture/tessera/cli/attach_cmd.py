@@ -7,8 +7,17 @@ where NVML offers them, the process's own SM and memory utilization and GPU memo
 when the process exits, on Ctrl-C, or after --duration-s. Writes a Chrome/Perfetto trace with
 one counter track per counter (--export) and a CSV summary per counter (--summary).
 
-Example:
+Domain flags choose what is sampled (none given: all of them): --gpu (power, temperature,
+SM clock, utilization, throttle reasons, the process's SM utilization), --mem (memory clock,
+memory utilization, memory used, the process's memory), --tc and --collectives. Tensor-core
+utilization and collectives cannot be sampled from outside the process (they need counters or
+the process's own trace): they appear in the summary with no samples and the reason in its
+`capability` column, and are said once on stderr.
+
+Examples (`tessera-prof --pid ...` is the same command as `tessera-prof attach --pid ...`):
   tessera-prof attach --pid 4242 --sample-interval-ms 10 --export trace.json --summary perf.csv
+  tessera-prof --pid 4242 --sample-ms 10 --gpu --mem --tc --collectives --export trace.json \
+      --summary perf.csv
 """
 
 from __future__ import annotations
@@ -27,14 +36,58 @@ PROCESS_COUNTERS = {
     "proc_mem_util_pct": "%",
     "proc_mem_used_bytes": "bytes",
 }
-SUMMARY_COLUMNS = ["device", "scope", "counter", "unit", "samples", "min", "mean", "max", "last"]
+SUMMARY_COLUMNS = [
+    "device", "scope", "counter", "unit", "samples", "min", "mean", "max", "last", "capability",
+]  # fmt: skip
+DOMAIN_COUNTERS = {
+    "gpu": (
+        "power_w", "temp_c", "sm_clock_mhz", "gpu_util_pct", "throttle_reasons",
+        "proc_sm_util_pct",
+    ),
+    "mem": (
+        "mem_clock_mhz", "mem_util_pct", "mem_used_bytes", "proc_mem_util_pct",
+        "proc_mem_used_bytes",
+    ),
+}  # fmt: skip
+# What no sampler outside the process can measure: (counter, unit, capability reason).
+UNSAMPLED = {
+    "tc": [
+        (
+            "tc_util_pct",
+            "%",
+            "unavailable: tensor-core utilization needs hardware counters inside the process "
+            "(tessera-prof counters RUN -- PROGRAM); NVML has none",
+        )
+    ],
+    "collectives": [
+        (
+            name,
+            unit,
+            "unavailable: collectives are seen only in the process's own trace "
+            "(profile.session with activity 'collective'); NVML has no collective counters",
+        )
+        for name, unit in (("collective_bytes", "bytes"), ("collective_overlap_pct", "%"))
+    ],
+}
 
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, required=True, help="process to attach to")
     p.add_argument(
-        "--sample-interval-ms", type=float, default=10.0, help="sampling period (default 10)"
+        "--sample-interval-ms",
+        "--sample-ms",
+        dest="sample_interval_ms",
+        type=float,
+        default=10.0,
+        help="sampling period (default 10)",
     )
+    for flag, what in (
+        ("gpu", "power, temperature, SM clock, utilization, throttle reasons"),
+        ("mem", "memory clock, utilization and use"),
+        ("tc", "tensor-core utilization (not measurable from outside: reported as null)"),
+        ("collectives", "collectives (not measurable from outside: reported as null)"),
+    ):
+        p.add_argument(f"--{flag}", action="store_true", help=f"sample {what}")
     p.add_argument("--export", metavar="TRACE_JSON", help="write a Chrome/Perfetto trace here")
     p.add_argument("--summary", metavar="CSV", help="write a per-counter summary CSV here")
     p.add_argument(
@@ -45,6 +98,19 @@ def prepare_parser(p: argparse.ArgumentParser) -> None:
 def _fail(message: str) -> int:
     print(f"tessera-prof attach: error: {message}", file=sys.stderr)
     return 2
+
+
+def pid_problem(pid: int) -> str | None:
+    """Why `pid` cannot be attached to (dead, a zombie, another user's), or None."""
+    if pid <= 0 or not pid_alive(pid):
+        return f"no process with pid {pid}"
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return f"pid {pid} belongs to another user (run as that user)"
+    except ProcessLookupError:
+        return f"no process with pid {pid}"
+    return None
 
 
 def pid_alive(pid: int) -> bool:
@@ -172,14 +238,45 @@ def summary_rows(series) -> list[dict]:
                 "mean": float(ok.mean()) if ok.size else "",
                 "max": float(ok.max()) if ok.size else "",
                 "last": float(ok[-1]) if ok.size else "",
+                "capability": "ok" if ok.size else "unavailable: NVML returned no value",
             }
         )
     return out
 
 
+def chosen_domains(args: argparse.Namespace) -> list[str]:
+    """The domain flags given; none given means every domain."""
+    given = [d for d in ("gpu", "mem", "tc", "collectives") if getattr(args, d, False)]
+    return given or ["gpu", "mem", "tc", "collectives"]
+
+
+def select_series(series, domains: list[str]):
+    """The series of the sampled domains (--gpu, --mem)."""
+    keep = {name for d in domains for name in DOMAIN_COUNTERS.get(d, ())}
+    return [c for c in series if c.name in keep]
+
+
+def unsampled_rows(domains: list[str], devices: list[int]) -> list[dict]:
+    """Summary rows for what was asked but cannot be sampled from outside: null values and
+    the reason."""
+    out = []
+    for d in domains:
+        for name, unit, reason in UNSAMPLED.get(d, ()):
+            for dev in devices:
+                out.append(
+                    {
+                        "device": dev, "scope": "process", "counter": name, "unit": unit,
+                        "samples": 0, "min": "", "mean": "", "max": "", "last": "",
+                        "capability": reason,
+                    }
+                )  # fmt: skip
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.pid <= 0 or not pid_alive(args.pid):
-        return _fail(f"no process with pid {args.pid}")
+    problem = pid_problem(args.pid)
+    if problem:
+        return _fail(problem)
     if args.sample_interval_ms <= 0:
         return _fail("--sample-interval-ms must be positive")
     from tessera.profile.sources.nvml_source import init_nvml
@@ -212,7 +309,14 @@ def run(args: argparse.Namespace) -> int:
             pass
     if not ts:
         return _fail(f"no sample was taken ({reason})")
-    series = counter_series(ts, rows)
+    domains = chosen_domains(args)
+    series = select_series(counter_series(ts, rows), domains)
+    nulls = unsampled_rows(domains, devices)
+    for d in domains:
+        if UNSAMPLED.get(d):
+            names = ", ".join(name for name, _u, _w in UNSAMPLED[d])
+            why = UNSAMPLED[d][0][2]
+            print(f"tessera-prof attach: {names} null: {why}", file=sys.stderr)
     if args.export:
         from tessera_tb.exporters.chrome_trace import export_chrome_trace
         from tessera_tb.trace.step import StepData, empty_events
@@ -227,7 +331,7 @@ def run(args: argparse.Namespace) -> int:
         text = io.StringIO()
         writer = csv.DictWriter(text, SUMMARY_COLUMNS)
         writer.writeheader()
-        writer.writerows(summary_rows(series))
+        writer.writerows(summary_rows(series) + nulls)
         os.makedirs(os.path.dirname(os.path.abspath(args.summary)), exist_ok=True)
         write_bytes_atomic(args.summary, text.getvalue().encode())
     span_s = (ts[-1] - ts[0]) / 1e9

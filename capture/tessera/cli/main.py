@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, program = argv[:cut], argv[cut + 1 :]
+    if argv and argv[0].split("=", 1)[0] == "--pid":
+        argv = ["attach", *argv]  # the short form: `tessera-prof --pid PID ...`
     parser = build_parser()
     args = parser.parse_args(argv)
     if program is not None:

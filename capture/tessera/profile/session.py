@@ -152,6 +152,15 @@ class Session:
         # Under Nsight Compute / Systems: the tool's name, and only NVTX markers are recorded.
         self.markers_only: str | None = None
         self.nvtx = None  # nvtx_markers.NvtxMarkers when CUDA is there
+        # Where step boundaries come from: "pending" until the first sess.step() call
+        # ("explicit") or the first torch.optim.Optimizer.step ("optimizer"). While pending,
+        # step 0 is recorded provisionally so a block with neither (inference) is one step.
+        self.step_source = "pending"
+        self._provisional = False
+        self._opt_hook = None  # RemovableHandle of torch's global optimizer step post-hook
+        self._step_optimizer = None  # weakref to the optimizer whose steps end steps
+        self._optimizer_steps_seen = 0
+        self.exit_line: str | None = None
 
     # ---- life cycle -----------------------------------------------------------------------
 
@@ -203,6 +212,7 @@ class Session:
         self.nvtx = torch_nvtx_markers(torch or sys.modules.get("torch"))
         host.set_current(self.recorder, self.nvtx)
         self._running = True
+        self._hook_optimizer(torch or sys.modules.get("torch"))
         atexit.register(self.stop)  # a session never stopped is still flushed at exit
         if self.nvtx is not None:
             self.nvtx.start_step(0)
@@ -215,7 +225,19 @@ class Session:
         return self
 
     def step(self) -> None:
-        """End the current step and start the next (calls `prof.step()` under torch)."""
+        """End the current step and start the next (calls `prof.step()` under torch).
+
+        Explicit calls win over optimizer steps: the first one turns the optimizer hook off,
+        and from then on only `step()` calls end steps.
+        """
+        if self.step_source != "explicit":
+            self.step_source = "explicit"
+            self._unhook_optimizer()
+        self._advance()
+
+    def _advance(self, to: int | None = None) -> None:
+        """End the current step and start step `to` (default: the next); a jump drops what
+        the current step recorded."""
         if not self._running:
             return
         if self.markers_only is not None:
@@ -225,13 +247,22 @@ class Session:
         t0 = time.perf_counter_ns()
         now = time.time_ns()
         ending = self.step_num
+        nxt = ending + 1 if to is None else to
         if self.nvtx is not None:
-            self.nvtx.start_step(ending + 1)
+            self.nvtx.start_step(nxt)
         recorder = self.recorder
-        if recorder.recording:
+        provisional = self._provisional or to is not None
+        self._provisional = False
+        if provisional:
+            # Step 0 was recorded in case the block had no steps; it has them: drop it and
+            # follow the schedule from the next step.
+            recorder.take(ending, self._step_start_ns, now)
+            self._last_action = sched.NONE
+            self._action_cache = (-1, sched.NONE)
+        elif recorder.recording:
             self.writer.submit_host(recorder.take(ending, self._step_start_ns, now))
         self._active_seen += self._last_action in (sched.RECORD, sched.RECORD_AND_SAVE)
-        self.step_num = ending + 1
+        self.step_num = nxt
         if self._await_nvml and self.schedule.is_active(self.step_num):
             self._wait_for_nvml()  # before the recorded step starts, not inside it
             now = time.time_ns()
@@ -240,7 +271,10 @@ class Session:
         source = self.torch_source
         if source is not None:
             try:
-                source.step()
+                if provisional:
+                    source.restart_at(self.step_num)
+                else:
+                    source.step()
             except Exception as exc:
                 self._disable_torch(exc)
         if self.torch_source is None:
@@ -263,6 +297,7 @@ class Session:
             return
         self._running = False
         atexit.unregister(self.stop)
+        self._unhook_optimizer()
         if self.nvtx is not None:
             self.nvtx.end_step()
         if self.markers_only is not None:
@@ -296,6 +331,8 @@ class Session:
                     f"tessera capture: exporter {exporter!r} failed ({type(exc).__name__}: {exc})",
                 )
         self.box.emit(stacklevel=3)
+        self.exit_line = self._exit_line()
+        print(self.exit_line, file=sys.stderr, flush=True)
 
     # ---- results --------------------------------------------------------------------------
 
@@ -331,6 +368,83 @@ class Session:
         return table
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _hook_optimizer(self, torch) -> None:
+        """Until the first `sess.step()`, each `torch.optim.Optimizer.step` ends a step
+        (torch's global optimizer step post-hook); only the first optimizer seen counts, so
+        a program with two optimizers still gets one step per iteration."""
+        if torch is None:
+            return
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except Exception:
+            return
+        self._opt_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+
+    def _unhook_optimizer(self) -> None:
+        hook, self._opt_hook = self._opt_hook, None
+        if hook is not None:
+            hook.remove()
+
+    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """Torch's global optimizer step post-hook.
+
+        A loop that calls `sess.step()` after `opt.step()` must get exactly the steps it
+        asks for, so the first optimizer step ends nothing: the session waits for a
+        `sess.step()`. At the second optimizer step with no `sess.step()` in between, steps
+        come from the optimizer: step 0 (the first two optimizer steps, recorded only
+        provisionally) is dropped, step 2 starts, and from then on step N ends at the
+        (N+1)-th optimizer step, so the schedule's numbers mean what they say.
+        """
+        import weakref
+
+        if self.step_source == "explicit" or not self._running:
+            return
+        if self._step_optimizer is None:
+            self._step_optimizer = weakref.ref(optimizer)
+        elif self._step_optimizer() is not optimizer:
+            return
+        if self.step_source == "pending":
+            self._optimizer_steps_seen += 1
+            if self._optimizer_steps_seen < 2:
+                return
+            self.step_source = "optimizer"
+            self._advance(to=2)
+            return
+        self._advance()
+
+    def _exit_line(self) -> str:
+        """One line for stderr at exit: which steps were recorded, where, how to view them."""
+        steps = self.steps_written
+        where = self.run_url or self.run_dir
+        how = {
+            "explicit": "sess.step() calls",
+            "optimizer": "each optimizer.step() ended a step",
+            "pending": "no sess.step() or optimizer.step(): the whole block is one step",
+        }[self.step_source]
+        seen = self.step_num + 1
+        if steps:
+            logdir = os.path.dirname(os.path.abspath(where)) if self.run_url is None else where
+            return (
+                f"tessera capture: recorded steps {_step_list(steps)} of 0-{self.step_num} "
+                f"({how}) in "
+                f"{where}; view: tensorboard --logdir {logdir}"
+            )
+        if not self.enabled:
+            why = "this rank is not profiled" if self._rank_skipped() else "capture disabled"
+        elif self._stopped:
+            why = "the capture stopped (see the warning above)"
+        else:
+            first_cycle = self.schedule.skip_first + self.schedule.cycle_steps
+            wanted = self.schedule.active_steps(first_cycle)
+            why = (
+                f"the schedule records steps {_step_list(wanted)} but the session saw "
+                f"{seen} step{'s' if seen != 1 else ''}"
+            )
+        return f"tessera capture: nothing recorded ({how}): {why}"
+
+    def _rank_skipped(self) -> bool:
+        return self.ranks is not None and self.rank not in self.ranks
 
     def _start_markers_only(self, tool: str) -> Session:
         """Under an Nsight tool: NVTX step and region ranges only, nothing written."""
@@ -559,6 +673,14 @@ class Session:
         if self._action_cache[0] == step:
             return self._action_cache[1]
         action = self.schedule.action(step)
+        if (
+            step == 0
+            and self.step_source == "pending"
+            and action not in (sched.RECORD, sched.RECORD_AND_SAVE)
+        ):
+            # Provisional: if the block never ends a step, step 0 is the whole block.
+            self._provisional = True
+            action = sched.RECORD
         prev = self._last_action
         open_window = prev in (sched.WARMUP, sched.RECORD)
         if self._stopped:
@@ -586,6 +708,15 @@ class Session:
             f"tessera capture: capture stopped: max_steps={self.max_steps} steps recorded; "
             f"they are in {self.run_dir}, training continues without profiling",
         )
+
+
+def _step_list(steps: Sequence[int]) -> str:
+    """`2-4` for a contiguous run of step numbers, else `1, 3, 5` (at most 8 shown)."""
+    steps = sorted(steps)
+    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
+        return f"{steps[0]}-{steps[-1]}"
+    shown = ", ".join(str(s) for s in steps[:8])
+    return shown + (f", ... ({len(steps)} steps)" if len(steps) > 8 else "")
 
 
 def session(

@@ -144,23 +144,44 @@ class TorchSource:
         )
 
     def start(self) -> None:
-        from torch.profiler import profile
-
         # torch warns that each cycle's events are cleared at its end: the session hands each
         # cycle over before that, so the warning would only mislead.
         warnings.filterwarnings(
             "ignore", message="Warning: Profiler clears events at the end of each cycle"
         )
-        self.prof = profile(
+        self.prof = self._new_profile()
+        self.prof.start()
+
+    def _new_profile(self):
+        from torch.profiler import profile
+
+        return profile(
             activities=self.activities,
             schedule=self._schedule,
             on_trace_ready=self._on_trace_ready,
             **self._kwargs,
         )
-        self.prof.start()
 
     def step(self) -> None:
         self.prof.step()
+
+    def restart_at(self, step: int) -> None:
+        """Drop what the profiler recorded so far (nothing is exported) and run a fresh one
+        from `step` on: the session's provisional step 0 when the program turned out to have
+        steps. torch has no "start at step N", so the fresh profiler's step counter (the
+        `ProfilerStep#N` names and the schedule's argument) is set before it starts."""
+        old = self.prof
+        old.on_trace_ready = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            old.stop()
+        self.prof = prof = self._new_profile()  # asks the schedule for step 0: no effect
+        action = prof.schedule(step)
+        prof.step_num = step
+        prof.current_action = action
+        if hasattr(prof, "_prev_schedule_action"):
+            prof._prev_schedule_action = action
+        prof.start()
 
     def stop(self) -> None:
         if self.prof is not None and not self.stopped:
