@@ -35,6 +35,7 @@ _UNKNOWN_METRIC = re.compile(
     r"(?:Failed to find metrics?|[Uu]nknown metrics?|[Ii]nvalid metrics?|metrics? not found)"
     r"\W*(?P<name>[A-Za-z_][\w.]*__[\w.]+)?"
 )
+_BAD_OPTION = re.compile(r"(?:unrecogni[sz]ed|unknown|invalid) (?:option|argument)", re.IGNORECASE)
 _KERNEL_FAILED = re.compile(
     r"Failed to profile|[Pp]rofiling failed|could not be (?:collected|profiled)"
 )
@@ -122,7 +123,7 @@ def profile_program(
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     app_tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     profiled, passes, kernel_errors, perm, app_failed = 0, 0, [], False, False
-    unknown_metric = ""
+    unknown_metric = bad_option = ""
     assert proc.stdout is not None
     for raw in proc.stdout:
         line = raw.rstrip("\n")
@@ -146,6 +147,8 @@ def profile_program(
                 app_failed = True
             elif _UNKNOWN_METRIC.search(text):
                 unknown_metric = unknown_metric or text
+            elif _BAD_OPTION.search(text):
+                bad_option = bad_option or text
             elif _KERNEL_FAILED.search(text):
                 kernel_errors.append(text)
             continue
@@ -158,6 +161,11 @@ def profile_program(
     seconds = time.monotonic() - t0
     if perm:
         raise NcuError(PERM_HELP)
+    if bad_option:
+        raise NcuError(
+            f"ncu refused an option ({bad_option}): this needs Nsight Compute 2023.1 or newer "
+            "(NVTX filters, --filter-mode per-launch-config); update it, or try --all-launches"
+        )
     if unknown_metric:
         m = _UNKNOWN_METRIC.search(unknown_metric)
         raise NcuUnknownMetric(
