@@ -1,4 +1,20 @@
-"""Portable records: one dict per kernel, NCCL kernel, memcpy and memset of a run.
+"""Portable records: one `Record` per kernel, NCCL kernel, memcpy and memset of a run.
+
+```python
+for rec in sess.records():  # or tessera_tb.trace.records("runs/exp1")
+    if rec.kind == "kernel":
+        print(rec.kernel_name, rec.sm_occupancy, rec.tc_util_pct, rec.capability["tc_util_pct"])
+frame = records_frame(sess.records())  # pandas, one row per record (Record.to_dict())
+```
+
+A `Record` has attribute access with the portable schema's names (`GUIDE_FIELDS`: kind,
+kernel_name, stream_id, start_us, end_us, the counters, memcpy, collective and NVML fields)
+plus what the trace adds (`EXTRA_FIELDS`: step, rank, worker, device, grid, block,
+registers, start_ns, dur_ns, dur_us), and `capability`: field -> why it is null (or how it
+was measured). It is also a read-only mapping with the trace's own keys (`FIELDS` and
+`capabilities`: name, stream, start_ns, dur_ns, ...), so `rec["name"]` keeps working.
+start_us and end_us are epoch microseconds (start_ns / 1e3, (start_ns + dur_ns) / 1e3) as
+floats, exact to 0.25 µs at today's epoch; start_ns and dur_ns are exact.
 
 A record carries where and when the device work ran, its launch shape, and the portable
 kernel counters of METRICS.md ("Kernel counters"). Anything unknown is None, and the record's
@@ -36,7 +52,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -80,7 +96,103 @@ FIELDS = (
     "temp_c",
     "throttle_reason",
 )
+GUIDE_FIELDS = (
+    "kind",
+    "kernel_name",
+    "stream_id",
+    "start_us",
+    "end_us",
+    "sm_occupancy",
+    *NCU_COUNTERS,
+    "memcpy_dir",
+    "memcpy_gbps",
+    "collective_type",
+    "collective_bytes",
+    "collective_overlap_pct",
+    "power_w",
+    "temp_c",
+    "throttle_reason",
+)
+EXTRA_FIELDS = (
+    "step", "rank", "worker", "device", "grid", "block", "registers", "start_ns", "dur_ns",
+    "dur_us",
+)  # fmt: skip
+# Portable-schema name -> how it is computed from the trace's own keys.
+_DERIVED = {
+    "kernel_name": lambda d: d["name"],
+    "stream_id": lambda d: d["stream"],
+    "start_us": lambda d: d["start_ns"] / 1e3,
+    "end_us": lambda d: (d["start_ns"] + d["dur_ns"]) / 1e3,
+    "dur_us": lambda d: d["dur_ns"] / 1e3,
+    "capability": lambda d: d["capabilities"],
+}
 NO_NCU = "unavailable:no-ncu"
+
+
+class Record(Mapping):
+    """One portable record: attributes with the portable schema's names, a read-only mapping
+    with the trace's keys (module docstring). Unknown values are None, never 0."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, fields: dict):
+        object.__setattr__(self, "_d", fields)
+
+    def __getattr__(self, name: str):
+        d = object.__getattribute__(self, "_d")
+        if name in d:
+            return d[name]
+        derive = _DERIVED.get(name)
+        if derive is None:
+            raise AttributeError(f"record has no field {name!r}")
+        return derive(d)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("records are read-only")
+
+    def __getitem__(self, key: str):
+        d = self._d
+        if key in d:
+            return d[key]
+        if key in _DERIVED:
+            return _DERIVED[key](d)
+        raise KeyError(key)
+
+    def __iter__(self):
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __dir__(self):
+        return sorted(set(GUIDE_FIELDS) | set(EXTRA_FIELDS) | {"capability", "name", "stream"})
+
+    def __repr__(self) -> str:
+        d = self._d
+        return (
+            f"Record(kind={d['kind']!r}, kernel_name={d['name']!r}, step={d['step']}, "
+            f"worker={d['worker']!r}, start_us={d['start_ns'] / 1e3:.3f}, "
+            f"dur_us={d['dur_ns'] / 1e3:.3f})"
+        )
+
+    def to_dict(self) -> dict:
+        """The portable schema's fields, then the trace's extras, then `capability`."""
+        out = {f: getattr(self, f) for f in GUIDE_FIELDS}
+        out.update((f, getattr(self, f)) for f in EXTRA_FIELDS)
+        out["capability"] = dict(self._d["capabilities"])
+        return out
+
+
+def records_frame(records: Iterable[Record]):
+    """A pandas DataFrame with one row per record (`Record.to_dict()` columns); unknown
+    values are None/NaN."""
+    import pandas as pd
+
+    rows = [r.to_dict() for r in records]
+    columns = [*GUIDE_FIELDS, *EXTRA_FIELDS, "capability"]
+    return pd.DataFrame(rows, columns=columns)
+
+
 _HOW = "_capability"  # key of a linked kernel's measured/same-instance tag in its counters
 # NVML clock event (throttle) reason bits, nvml.h `nvmlClocksEventReason*`.
 THROTTLE_BITS = {
@@ -180,7 +292,7 @@ def step_records(
     profile=None,
     linked_kernels=None,
     collectives: dict | None = None,
-) -> list[dict]:
+) -> list[Record]:
     """The records of one step (see the module docstring)."""
     ev = step.events
     codes = np.array([KIND[k] for k in RECORD_KINDS], dtype=np.uint8)
@@ -317,7 +429,7 @@ def step_records(
                     "driver, or a step shorter than the sampling interval)"
                 )
         rec["capabilities"] = caps
-        out.append(rec)
+        out.append(Record(rec))
     return out
 
 
@@ -333,7 +445,7 @@ def _num(v, cast):
 
 def kernel_records(
     run: Run, workers: Iterable[str] | None = None, steps: Iterable[int] | None = None
-) -> Iterator[dict]:
+) -> Iterator[Record]:
     """Records of the selected workers and steps, step by step (one step file in memory)."""
     from tessera_tb.backend.selection import resolve_steps, resolve_workers
 

@@ -348,14 +348,21 @@ class Session:
             return None
         return open_run(self.run_dir)
 
-    def records(self) -> Iterator[dict]:
-        """Portable records: one dict per kernel, memcpy, memset and collective (records.py)."""
+    def records(self) -> Iterator:
+        """Portable records (`tessera.profile.records.Record`): one per kernel, memcpy, memset
+        and collective, with attribute access (`rec.kernel_name`, `rec.tc_util_pct`)."""
         from tessera.profile.records import kernel_records
 
         run = self.run()
         if run is None or self.worker not in run.workers:
             return iter(())
         return kernel_records(run, workers=[self.worker])
+
+    def records_frame(self):
+        """The records as a pandas DataFrame (one row per record, `Record.to_dict()`)."""
+        from tessera.profile.records import records_frame
+
+        return records_frame(self.records())
 
     def report(self, *, print_table: bool = True):
         """Per-op table (latency, FLOPs, bandwidth, efficiency), printed and returned."""
