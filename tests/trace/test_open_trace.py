@@ -47,8 +47,12 @@ def test_bad_inputs_name_the_file(cache, tmp_path):
     with pytest.raises(TraceFormatError) as err:
         open_trace(bad)
     assert str(bad) in str(err.value) and "traceEvents" in str(err.value)
-    with pytest.raises(TraceFormatError, match="not a Tessera run"):
+    # A directory of traces is imported: its bad trace is named.
+    with pytest.raises(TraceFormatError, match="traceEvents"):
         open_trace(tmp_path)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(TraceFormatError, match="not a Tessera run .* holds no .json"):
+        open_trace(tmp_path / "empty")
 
 
 def test_a_bundle_opens_as_the_run_it_holds(cache, tmp_path):
