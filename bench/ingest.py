@@ -1,10 +1,12 @@
 """Ingest benchmark: Tessera import vs HTA load vs a bare json.load, side by side.
 
-    .venv/bin/python bench/ingest.py [--quick] [--skip-hta] [--repeat N] [--cprofile]
+    .venv/bin/python bench/ingest.py [--quick] [--skip-hta] [--repeat N] [--cprofile] [--huge]
 
-Inputs: every *.json.gz under <repo>/../shared/traces, a 10x scaled copy of the
-single-GPU trace and a one-step copy of it holding ~600k events (bench/scale_trace.py;
-generated into bench/out/scaled/ when missing or older than the scaler).
+Inputs: every *.json.gz under <repo>/../shared/traces, 10x and 50x tiled copies of the
+single-GPU trace, a one-step copy of it holding ~600k events and, with --huge, a copy
+tiled to about 5 GB of JSON (bench/scale_trace.py; generated into bench/out/scaled/ when
+missing or older than the scaler, never committed; the 5 GB one takes several minutes
+and ~0.4 GB of disk). HTA is not run on the 50x and 5 GB copies (it needs tens of GB).
 
 Each measurement runs in its own fresh subprocess, timed after the libraries are
 imported; peak RSS is the child's own `ru_maxrss` (it includes the imported libraries,
@@ -46,6 +48,16 @@ ONE_STEP_FACTOR = 52  # 52 x 11,404 events of the single-GPU trace ~ 590k events
 GOAL_SPEEDUP = 5.0
 GOAL_RSS_RATIO = 0.5
 GOAL_DISK_RATIO = 0.5
+# Goals of the streaming import: peak RSS on every input (the 5 GB one included), the 10x
+# copy against HTA, and the JSON throughput on the 50x copy.
+GOAL_PEAK_RSS_MB = 600
+GOAL_X10_SPEEDUP = 20.0
+GOAL_X50_MB_S = 250.0
+X10_LABEL = "scaled: 1gpu x10"
+X50_LABEL = "scaled: 1gpu x50"
+HUGE_BYTES = 5e9
+# The scaled text holds ~2.55 MB of JSON per copy of the single-GPU trace.
+HUGE_FACTOR = 1960
 
 RESULT_MARK = "INGEST_RESULT "
 
@@ -284,7 +296,7 @@ def single_gpu_trace() -> str:
     return os.path.join(folder, names[0])
 
 
-def scaled_input(label: str, factor: int, one_step: bool) -> Input:
+def scaled_input(label: str, factor: int, one_step: bool, level: int = 9) -> Input:
     """The scaled copy, generated when missing or older than its source or the scaler."""
     src = single_gpu_trace()
     variant = f"x{factor}" + ("-one-step" if one_step else "")
@@ -294,7 +306,7 @@ def scaled_input(label: str, factor: int, one_step: bool) -> Input:
     if not os.path.exists(dest) or os.path.getmtime(dest) < newest_input:
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         tmp = os.path.join(os.path.dirname(dest), ".partial.json.gz")  # .gz: the scaler gzips
-        cmd = [sys.executable, SCALER, src, tmp, "--factor", str(factor)]
+        cmd = [sys.executable, SCALER, src, tmp, "--factor", str(factor), "--level", str(level)]
         if one_step:
             cmd.append("--one-step")
         print(f"generating {os.path.relpath(dest, REPO)} ...", flush=True)
@@ -513,6 +525,37 @@ def print_goals(inputs: list[Input], with_hta: bool) -> None:
     print("Summary: " + "; ".join(parts))
 
 
+def print_streaming_goals(inputs: list[Input]) -> None:
+    """The streaming import's goals beside the figures: peak RSS on every input, the 10x
+    copy's speed-up over HTA, the 50x copy's JSON throughput."""
+    print()
+    print(
+        f"Streaming goals: peak RSS <= {GOAL_PEAK_RSS_MB} MB on every input; {X10_LABEL} >= "
+        f"{GOAL_X10_SPEEDUP:g}x faster than HTA; {X50_LABEL} >= {GOAL_X50_MB_S:g} MB/s of JSON"
+    )
+    worst = max(
+        (i for i in inputs if "tessera" in i.results),
+        key=lambda i: i.results["tessera"]["peak_rss_mb"],
+        default=None,
+    )
+    if worst is not None:
+        t = worst.results["tessera"]
+        print(
+            f"  peak RSS, largest: {_goal(t['peak_rss_mb'], GOAL_PEAK_RSS_MB, False, '.0f')} MB"
+            f" ({worst.label}, {t['json_bytes'] / 1e6:,.0f} MB of JSON)"
+        )
+    for inp in inputs:
+        t, h = inp.results.get("tessera"), inp.results.get("hta")
+        if inp.label == X10_LABEL:
+            speed = h["wall_s"] / t["wall_s"] if t and h else None
+            print(
+                f"  {X10_LABEL}, HTA s / Tessera s: {_goal(speed, GOAL_X10_SPEEDUP, True, '.1f')}"
+            )
+        if inp.label == X50_LABEL:
+            rate = t["json_bytes"] / 1e6 / t["wall_s"] if t else None
+            print(f"  {X50_LABEL}, MB/s of JSON: {_goal(rate, GOAL_X50_MB_S, True, '.0f')}")
+
+
 def print_notes(inputs: list[Input], repeat: int) -> None:
     print()
     parsers = sorted({i.results["tessera"]["parser"] for i in inputs if "tessera" in i.results})
@@ -587,6 +630,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also print a cProfile top-20 of the Tessera import of the largest input",
     )
+    p.add_argument(
+        "--huge",
+        action="store_true",
+        help="also a copy tiled to ~5 GB of JSON (made on first use: several minutes)",
+    )
     p.add_argument("--child", nargs=2, metavar=("TOOL", "PATH"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
@@ -598,13 +646,17 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"no shared traces at {TRACES}")
 
     inputs = shared_inputs()
-    inputs.append(scaled_input("scaled: 1gpu x10", 10, one_step=False))
+    inputs.append(scaled_input(X10_LABEL, 10, one_step=False))
     if not args.quick:
         inputs.append(
             scaled_input(
                 f"scaled: 1gpu x{ONE_STEP_FACTOR} one step", ONE_STEP_FACTOR, one_step=True
             )
         )
+        inputs.append(scaled_input(X50_LABEL, 50, one_step=False, level=6))
+    if args.huge:
+        # gzip level 1: level 9 would take most of an hour on 5 GB.
+        inputs.append(scaled_input("scaled: 1gpu 5 GB", HUGE_FACTOR, one_step=False, level=1))
     tools = ["tessera", "json"]
     if not args.skip_hta:
         ensure_hta_venv()
@@ -613,11 +665,15 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for n, inp in enumerate(inputs, 1):
         print(f"[{n}/{len(inputs)}] {inp.label} ...", end="", flush=True)
-        measure(inp, tools, args.repeat)
-        print(" " + " ".join(tools), flush=True)
+        big = os.path.getsize(inp.path) > 20e6  # gzipped: the 50x and 5 GB copies
+        # json.load and HTA hold the whole text and every event as objects: tens of GB.
+        used = ["tessera"] if big else tools
+        measure(inp, used, args.repeat)
+        print(" " + " ".join(used), flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs\n")
     print_table(inputs)
     print_goals(inputs, with_hta=not args.skip_hta)
+    print_streaming_goals(inputs)
     print_notes(inputs, args.repeat)
     if args.cprofile:
         print_cprofile(inputs)

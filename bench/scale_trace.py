@@ -36,12 +36,14 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import math
 import re
 import sys
 import time
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -141,6 +143,14 @@ def scale_events(
     events: list[dict], factor: int, *, one_step: bool = False, gap_us: int | None = None
 ) -> list[dict]:
     """The events of `factor` shifted copies, ids made unique per copy (see module doc)."""
+    return list(iter_scaled_events(events, factor, one_step=one_step, gap_us=gap_us))
+
+
+def iter_scaled_events(
+    events: list[dict], factor: int, *, one_step: bool = False, gap_us: int | None = None
+) -> Iterator[dict]:
+    """scale_events one event at a time: a copy is made only when written, so a scaled
+    trace of any size takes the memory of the source trace."""
     plan, meta, strides, info = _plan(events)
     if not math.isfinite(info["t_min"]):
         raise ValueError("the trace holds no timed events")
@@ -150,12 +160,11 @@ def scale_events(
     period_us = int(math.ceil(extent_us)) + gap_us
     step_stride = strides.get("step", 1)
 
-    out: list[dict] = []
     if one_step:
         if info["step_track"] is None:
             raise ValueError("--one-step needs the trace's ProfilerStep# user_annotation events")
         pid, tid = info["step_track"]
-        out.append(
+        yield (
             {
                 "ph": "X",
                 "cat": "user_annotation",
@@ -172,7 +181,7 @@ def scale_events(
             }
         )
     # Metadata events describe processes and threads: once, where they were.
-    out.extend(meta)
+    yield from meta
     for k in range(factor):
         shift_us = k * period_us
         offsets = {ns: k * s for ns, s in strides.items()}
@@ -181,7 +190,7 @@ def scale_events(
             if step is not None and one_step:
                 continue
             if k == 0 and step is None:
-                out.append(e)
+                yield e
                 continue
             ne = dict(e)
             if "ts" in ne:
@@ -195,8 +204,7 @@ def scale_events(
                 ne["id"] += corr_off
             if step is not None:
                 ne["name"] = f"ProfilerStep#{step + k * step_stride}"
-            out.append(ne)
-    return out
+            yield ne
 
 
 def _write(trace: dict, out, chunk_events: int = 20_000) -> None:
@@ -212,10 +220,13 @@ def _write(trace: dict, out, chunk_events: int = 20_000) -> None:
             out.write(json.dumps({key: value})[1:-1].encode())
             continue
         out.write(b'"traceEvents":[\n')
-        for i in range(0, len(value), chunk_events):
-            if i:
+        events = iter(value)
+        first_batch = True
+        while batch := list(itertools.islice(events, chunk_events)):
+            if not first_batch:
                 out.write(b",\n")
-            out.write(b",\n".join(map(msgspec.json.encode, value[i : i + chunk_events])))
+            first_batch = False
+            out.write(b",\n".join(map(msgspec.json.encode, batch)))
         out.write(b"\n]")
     out.write(b"}\n")
 
@@ -248,9 +259,11 @@ def scale_trace(
         trace = msgspec.json.decode(f.read())
     if isinstance(trace, list):
         trace = {"traceEvents": trace}
-    events = scale_events(trace["traceEvents"], factor, one_step=one_step, gap_us=gap_us)
+    counted = _Counted(
+        iter_scaled_events(trace["traceEvents"], factor, one_step=one_step, gap_us=gap_us)
+    )
     # Keep the top-level keys once, in their original order.
-    scaled = {k: (events if k == "traceEvents" else v) for k, v in trace.items()}
+    scaled = {k: (counted if k == "traceEvents" else v) for k, v in trace.items()}
     with open(out_path, "wb") as f:
         if out_path.endswith(".gz"):
             sink = _GzipSink(f, level)
@@ -258,7 +271,19 @@ def scale_trace(
             sink.close()
         else:
             _write(scaled, f)
-    return len(events)
+    return counted.n
+
+
+class _Counted:
+    """An iterator that counts what it yields."""
+
+    def __init__(self, items: Iterator[dict]) -> None:
+        self.items, self.n = items, 0
+
+    def __iter__(self) -> Iterator[dict]:
+        for item in self.items:
+            self.n += 1
+            yield item
 
 
 def main(argv: list[str] | None = None) -> int:

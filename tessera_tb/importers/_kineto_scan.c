@@ -821,6 +821,174 @@ static int group_args(Scan *s) {
     return 0;
 }
 
+/* ------------------------------------------------------------------ streaming */
+
+/* The trace read in chunks: `scan_feed` reads every complete unit (a top-level member, or
+ * one event and the separator after it) of the text it has and keeps the rest for the next
+ * chunk. A unit is parsed only once the text holds all of it (`value_end` finds its end
+ * first), so a chunk boundary never cuts one: the columns, the string ids and their order
+ * are those of a whole-text scan. */
+enum { ST_START, ST_TOP_FIRST, ST_TOP_KEY, ST_TOP_AFTER, ST_EV_FIRST, ST_EV, ST_EV_AFTER, ST_END };
+
+/* After the JSON value starting at p (no leading space), or NULL when the text ends first.
+ * Malformed values get some end: the parser that follows names the problem. */
+static const char *value_end(const char *p, const char *end) {
+    if (p >= end) return NULL;
+    char c = *p;
+    if (c == '"' || c == '{' || c == '[') {
+        int depth = 0;
+        int in_str = 0;
+        for (; p < end; p++) {
+            char d = *p;
+            if (in_str) {
+                const char *q = memchr(p, '"', (size_t)(end - p));
+                const char *bs = memchr(p, '\\', q ? (size_t)(q - p) : (size_t)(end - p));
+                if (bs) {
+                    p = bs + 1; /* skip the escaped character */
+                    continue;
+                }
+                if (!q) return NULL;
+                p = q;
+                in_str = 0;
+                if (depth == 0) return p + 1;
+                continue;
+            }
+            if (d == '"') in_str = 1;
+            else if (d == '{' || d == '[') depth++;
+            else if (d == '}' || d == ']') {
+                if (--depth <= 0) return p + 1;
+            }
+        }
+        return NULL;
+    }
+    while (p < end && ((*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'z') || *p == '-' ||
+                       *p == '+' || *p == '.' || (*p >= 'A' && *p <= 'Z')))
+        p++;
+    return p < end ? p : NULL;
+}
+
+typedef struct {
+    Scan s;
+    Buf pending;  /* text not yet read: the cut unit at the end of the last chunk */
+    Buf top_text; /* the other top-level members' values, back to back */
+    int64_t offset; /* bytes of the trace before pending */
+    int state, bare;
+} Stream;
+
+/* Reads what it can of pending; 0, or -1 on an error (s->why or s->nomem says which). With
+ * `final`, the text is all there: a unit that does not end is an error. */
+static int stream_run(Stream *st, int final) {
+    Scan *s = &st->s;
+    s->base = s->p = st->pending.p ? st->pending.p : "";
+    s->end = s->base + st->pending.len;
+    while (1) {
+        skip_ws(s);
+        if (st->state == ST_END) {
+            if (s->p < s->end) return fail(s, "data after the trace");
+            break;
+        }
+        if (s->p >= s->end) {
+            if (final) return fail(s, "unexpected end of data");
+            break;
+        }
+        char c = *s->p;
+        if (st->state == ST_START) {
+            if (c == '[') {
+                st->bare = 1;
+                s->events_start = st->offset + (s->p - s->base);
+                s->p++;
+                st->state = ST_EV_FIRST;
+            } else if (c == '{') {
+                s->p++;
+                st->state = ST_TOP_FIRST;
+            } else {
+                return fail(s, "the trace is not a JSON object");
+            }
+        } else if (st->state == ST_TOP_FIRST || st->state == ST_TOP_KEY) {
+            if (st->state == ST_TOP_FIRST && c == '}') return fail(s, "no traceEvents");
+            if (c != '"') return fail(s, "expected a key");
+            const char *q = value_end(s->p, s->end);
+            if (q) {
+                int events = q - s->p == 13 && memcmp(s->p + 1, "traceEvents", 11) == 0;
+                while (q < s->end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t')) q++;
+                if (q >= s->end) q = NULL;
+                else if (*q == ':') {
+                    q++;
+                    while (q < s->end && (*q == ' ' || *q == '\n' || *q == '\r' || *q == '\t'))
+                        q++;
+                    if (q >= s->end) q = NULL;
+                    else if (!events) q = value_end(q, s->end);
+                }
+            }
+            if (!q && !final) break; /* the member is cut: wait for the rest */
+            int32_t key;
+            if (intern_string(s, &key)) return -1;
+            skip_ws(s);
+            if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+            s->p++;
+            skip_ws(s);
+            const char *key_text = s->strs.arena.p + ((const size_t *)s->strs.offs.p)[key];
+            size_t key_len = ((const size_t *)s->strs.lens.p)[key];
+            if (key_len == 11 && memcmp(key_text, "traceEvents", 11) == 0) {
+                if (s->events_start >= 0) return fail(s, "traceEvents twice");
+                if (s->p >= s->end || *s->p != '[') return fail(s, "traceEvents is not a list");
+                s->events_start = st->offset + (s->p - s->base);
+                s->p++;
+                st->state = ST_EV_FIRST;
+            } else {
+                const char *start = s->p;
+                if (skip_value(s, 1, NULL)) return -1;
+                int64_t entry[3] = {key, (int64_t)st->top_text.len, 0};
+                if (buf_put(&st->top_text, start, (size_t)(s->p - start))) return s->nomem = 1, -1;
+                entry[2] = (int64_t)st->top_text.len;
+                if (buf_put(&s->top, entry, sizeof entry)) return s->nomem = 1, -1;
+                st->state = ST_TOP_AFTER;
+            }
+        } else if (st->state == ST_TOP_AFTER || st->state == ST_EV_AFTER) {
+            int top = st->state == ST_TOP_AFTER;
+            char close = top ? '}' : ']';
+            s->p++;
+            if (c == ',') {
+                st->state = top ? ST_TOP_KEY : ST_EV;
+            } else if (c == close) {
+                if (top && s->events_start < 0) return fail(s, "no traceEvents");
+                if (!top) s->events_end = st->offset + (s->p - s->base);
+                st->state = top || st->bare ? ST_END : ST_TOP_AFTER;
+            } else {
+                s->p--;
+                return fail(s, top ? "expected ',' or '}' at the top level"
+                                   : "expected ',' or ']' between events");
+            }
+        } else { /* ST_EV_FIRST, ST_EV */
+            if (st->state == ST_EV_FIRST && c == ']') {
+                s->p++;
+                s->events_end = st->offset + (s->p - s->base);
+                st->state = st->bare ? ST_END : ST_TOP_AFTER;
+                continue;
+            }
+            if (c != '{') return fail(s, "event is not an object");
+            const char *e = value_end(s->p, s->end);
+            if (!e && !final) break; /* the event is cut: wait for the rest */
+            const char *end = s->end;
+            if (e) s->end = e; /* the event alone: nothing past it is read */
+            int rc = read_event(s);
+            s->end = end;
+            if (rc) return -1;
+            if (s->n == INT32_MAX - 1) return fail(s, "too many events");
+            s->n++;
+            st->state = ST_EV_AFTER;
+        }
+    }
+    /* Keep the unread rest for the next chunk. */
+    size_t used = (size_t)(s->p - s->base);
+    if (used) {
+        memmove(st->pending.p, st->pending.p + used, st->pending.len - used);
+        st->pending.len -= used;
+        st->offset += (int64_t)used;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ Python face */
 
 static void scan_free(Scan *s) {
@@ -861,6 +1029,46 @@ static PyObject *string_list(Interner *in) {
     return list;
 }
 
+/* The result dict of a finished scan (columns moved out of `s`); NULL with an exception set. */
+static PyObject *scan_result(Scan *s) {
+    PyObject *result = PyDict_New();
+    if (!result) return NULL;
+    PyObject *n = PyLong_FromLongLong(s->n);
+    PyObject *strings = string_list(&s->strs);
+    PyObject *range = Py_BuildValue("(LL)", (long long)s->events_start, (long long)s->events_end);
+    int bad_range = !range || PyDict_SetItemString(result, "events_range", range);
+    Py_XDECREF(range);
+    if (bad_range || !n || !strings || PyDict_SetItemString(result, "n", n) ||
+        PyDict_SetItemString(result, "strings", strings)) {
+        Py_XDECREF(n);
+        Py_XDECREF(strings);
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            PyErr_SetString(Unsupported, "a string is not valid UTF-8");
+        }
+        Py_CLEAR(result);
+        return result;
+    }
+    Py_DECREF(n);
+    Py_DECREF(strings);
+    struct {
+        const char *key;
+        Buf *buf;
+    } cols[] = {{"ph", &s->ph},             {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
+                {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
+                {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
+                {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val},
+                {"arg_key_sid", &s->key_sids}, {"arg_key_start", &s->key_start},
+                {"top", &s->top}};
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        if (put_column(result, cols[i].key, cols[i].buf)) {
+            Py_CLEAR(result);
+            return result;
+        }
+    }
+    return result;
+}
+
 static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
@@ -890,41 +1098,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
         PyErr_SetString(Unsupported, s->why[0] ? s->why : "unreadable trace");
         goto done;
     }
-    result = PyDict_New();
-    if (!result) goto done;
-    PyObject *n = PyLong_FromLongLong(s->n);
-    PyObject *strings = string_list(&s->strs);
-    PyObject *range = Py_BuildValue("(LL)", (long long)s->events_start, (long long)s->events_end);
-    int bad_range = !range || PyDict_SetItemString(result, "events_range", range);
-    Py_XDECREF(range);
-    if (bad_range || !n || !strings || PyDict_SetItemString(result, "n", n) ||
-        PyDict_SetItemString(result, "strings", strings)) {
-        Py_XDECREF(n);
-        Py_XDECREF(strings);
-        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-            PyErr_Clear();
-            PyErr_SetString(Unsupported, "a string is not valid UTF-8");
-        }
-        Py_CLEAR(result);
-        goto done;
-    }
-    Py_DECREF(n);
-    Py_DECREF(strings);
-    struct {
-        const char *key;
-        Buf *buf;
-    } cols[] = {{"ph", &s->ph},             {"cat", &s->cat},           {"name", &s->name},     {"pid", &s->pid},
-                {"tid", &s->tid},           {"ts", &s->ts},         {"dur", &s->dur},
-                {"id_val", &s->id_val},     {"id_sid", &s->id_sid}, {"arg_ev", &s->arg_ev},
-                {"arg_type", &s->arg_type}, {"arg_val", &s->arg_val},
-                {"arg_key_sid", &s->key_sids}, {"arg_key_start", &s->key_start},
-                {"top", &s->top}};
-    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
-        if (put_column(result, cols[i].key, cols[i].buf)) {
-            Py_CLEAR(result);
-            goto done;
-        }
-    }
+    result = scan_result(s);
 done:
     if (s) {
         scan_free(s);
@@ -933,6 +1107,122 @@ done:
     PyBuffer_Release(&view);
     return result;
 }
+
+/* ------------------------------------------------------------------ Scanner: in chunks */
+
+typedef struct {
+    PyObject_HEAD
+    Stream *st;
+    int done;
+} ScannerObject;
+
+static void stream_free(Stream *st) {
+    if (!st) return;
+    scan_free(&st->s);
+    free(st->pending.p);
+    free(st->top_text.p);
+    free(st);
+}
+
+static int Scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds) {
+    if (!PyArg_ParseTuple(args, ":Scanner")) return -1;
+    stream_free(self->st);
+    self->done = 0;
+    self->st = calloc(1, sizeof *self->st);
+    if (!self->st || interner_init(&self->st->s.strs)) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Scan *s = &self->st->s;
+    s->events_start = s->events_end = -1;
+    if (intern(&s->strs, "", 0) != 0 || (s->zero_id = intern(&s->strs, "0", 1)) != 1) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    return 0;
+}
+
+static void Scanner_dealloc(ScannerObject *self) {
+    stream_free(self->st);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+/* Runs the stream over what it holds, the GIL released; raises on an error. */
+static int scanner_step(ScannerObject *self, int final) {
+    Stream *st = self->st;
+    st->s.unlocked = PyEval_SaveThread();
+    int rc = stream_run(st, final);
+    if (!rc && final && group_args(&st->s)) st->s.nomem = 1, rc = -1;
+    PyEval_RestoreThread(st->s.unlocked);
+    if (rc) {
+        self->done = 1;
+        if (st->s.nomem) PyErr_NoMemory();
+        else PyErr_SetString(Unsupported, st->s.why[0] ? st->s.why : "unreadable trace");
+        return -1;
+    }
+    return 0;
+}
+
+static int scanner_usable(ScannerObject *self) {
+    if (!self->st || self->done) {
+        PyErr_SetString(PyExc_RuntimeError, "the scanner has finished");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *Scanner_feed(ScannerObject *self, PyObject *arg) {
+    if (!scanner_usable(self)) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int bad = buf_put(&self->st->pending, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    if (bad) return PyErr_NoMemory();
+    if (scanner_step(self, 0)) return NULL;
+    return PyLong_FromSize_t(self->st->pending.len);
+}
+
+static PyObject *Scanner_finish(ScannerObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!scanner_usable(self)) return NULL;
+    if (scanner_step(self, 1)) return NULL;
+    self->done = 1;
+    PyObject *result = scan_result(&self->st->s);
+    if (!result) return NULL;
+    PyObject *top = PyBytes_FromStringAndSize(self->st->top_text.p ? self->st->top_text.p : "",
+                                              (Py_ssize_t)self->st->top_text.len);
+    if (!top || PyDict_SetItemString(result, "top_text", top)) {
+        Py_XDECREF(top);
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(top);
+    stream_free(self->st);
+    self->st = NULL;
+    return result;
+}
+
+static PyMethodDef scanner_methods[] = {
+    {"feed", (PyCFunction)Scanner_feed, METH_O,
+     "feed(buffer) -> int: reads the next chunk of the trace's text as far as it holds whole "
+     "units; returns the bytes kept for the next chunk (a cut event or member)."},
+    {"finish", (PyCFunction)Scanner_finish, METH_NOARGS,
+     "finish() -> dict: the columns, as scan_events returns them, but `top` ranges index "
+     "`top_text` (the other top-level values, back to back) and events_range counts bytes of "
+     "the whole text. Raises Unsupported where scan_events would."},
+    {NULL, NULL, 0, NULL}};
+
+static PyTypeObject ScannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_kineto_scan.Scanner",
+    .tp_basicsize = sizeof(ScannerObject),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Scanner(): scan_events over a trace given in chunks (feed, then finish); the "
+              "same columns as one call on the whole text, holding only the columns and the "
+              "cut unit at the end of the last chunk.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Scanner_init,
+    .tp_dealloc = (destructor)Scanner_dealloc,
+    .tp_methods = scanner_methods,
+};
 
 static PyMethodDef methods[] = {
     {"scan_events", scan_events, METH_O,
@@ -956,6 +1246,13 @@ PyMODINIT_FUNC PyInit__kineto_scan(void) {
         return NULL;
     }
     Py_INCREF(Unsupported);
+    if (PyType_Ready(&ScannerType) < 0) return NULL;
+    Py_INCREF(&ScannerType);
+    if (PyModule_AddObject(m, "Scanner", (PyObject *)&ScannerType)) {
+        Py_DECREF(&ScannerType);
+        Py_DECREF(m);
+        return NULL;
+    }
     PyModule_AddIntConstant(m, "T_NULL", T_NULL);
     PyModule_AddIntConstant(m, "T_FALSE", T_FALSE);
     PyModule_AddIntConstant(m, "T_TRUE", T_TRUE);

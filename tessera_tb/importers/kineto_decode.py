@@ -15,10 +15,12 @@ Two ways to read the events, with the same results:
 from __future__ import annotations
 
 import gc
-import gzip
 import os
+import queue
 import re
-from collections.abc import Iterator
+import threading
+import zlib
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,35 +138,108 @@ class RawTrace:
         return [e for _, chunk in self.iter_chunks() for e in chunk]
 
 
-def read_bytes(path: str) -> bytes:
-    """The file's JSON text, gunzipped when it is gzip (by its magic bytes, not its name)."""
+# The trace is read this many bytes of compressed file at a time, and each read is inflated
+# into text in pieces of at most TEXT_CHUNK bytes: the scanner holds one piece (and the cut
+# event at its end) at a time, never the whole text.
+READ_CHUNK = 1 << 20
+TEXT_CHUNK = 8 << 20
+
+
+def iter_text(path: str) -> Iterator[bytes]:
+    """The file's JSON text in pieces of at most TEXT_CHUNK bytes, gunzipped when it is gzip
+    (by its magic bytes, not its name; several members are concatenated, trailing zero bytes
+    ignored). Raises TraceFormatError naming the file on a read error or a truncated or
+    corrupt gzip stream, at the piece where the damage is."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        f = open(path, "rb")
     except OSError as exc:
         raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
-    if data[:2] == b"\x1f\x8b":
+    with f:
         try:
-            data = _gunzip(data)
+            data = f.read(READ_CHUNK)
+            if data[:2] != b"\x1f\x8b":
+                while data:
+                    yield data
+                    data = f.read(TEXT_CHUNK)
+                return
+            yield from _gunzip_pieces(f, data)
+        except OSError as exc:
+            raise TraceFormatError(path, f"cannot read ({exc.strerror or exc})") from None
         except EOFError:
             raise TraceFormatError(
                 path, "truncated gzip file (ends before the stream does)"
             ) from None
-        except (OSError, *DEFLATE_ERRORS) as exc:
+        except DEFLATE_ERRORS as exc:
             raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
-    return data
 
 
-def _gunzip(data: bytes) -> bytes:
-    """gzip.decompress, faster for the usual single-member file: zlib checks the CRC and
-    length in C while inflating, instead of a second pass over the output."""
+def _gunzip_pieces(f, data: bytes) -> Iterator[bytes]:
+    """Inflate gzip members from `data` and then the rest of file `f`, piece by piece.
+    zlib checks each member's CRC and length as it ends."""
     d = deflate.decompressobj(wbits=31)
-    out = d.decompress(data)
-    if not d.eof:
-        raise EOFError("compressed file ended before the end-of-stream marker")
-    if d.unused_data.strip(b"\x00"):
-        return gzip.decompress(data)  # several gzip members: let gzip concatenate them
-    return out
+    while True:
+        if not data:
+            data = f.read(READ_CHUNK)
+            if not data:
+                if not d.eof:
+                    raise EOFError("compressed file ended before the end-of-stream marker")
+                return
+        if d.eof:  # a member ended: zero padding, or another member
+            data = d.unused_data + data
+            if not data.strip(b"\x00"):  # zero padding: the rest of the file must be too
+                while more := f.read(READ_CHUNK):
+                    if more.strip(b"\x00"):
+                        raise zlib.error("data after the zero padding of the last member")
+                return
+            d = deflate.decompressobj(wbits=31)
+        out = d.decompress(data, TEXT_CHUNK)
+        # At a member's end the rest of the input is in unused_data (zlib leaves a copy
+        # in unconsumed_tail too).
+        data = b"" if d.eof else d.unconsumed_tail
+        if out:
+            yield out
+
+
+def read_bytes(path: str) -> bytes:
+    """The file's whole JSON text, gunzipped when it is gzip (the pure-Python path)."""
+    return b"".join(iter_text(path))
+
+
+def _prefetched(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+    """The same pieces, read and inflated ahead in a thread: gunzip and file reads release
+    the GIL, so they overlap the scanner (which releases it too) on a second core. At most
+    `depth` pieces wait, so memory stays bounded."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for piece in pieces:
+                if stop.is_set():
+                    return
+                q.put((piece, None))
+            q.put((None, None))
+        except BaseException as exc:  # handed to the reading thread, raised there
+            q.put((None, exc))
+
+    thread = threading.Thread(target=produce, name="tessera-gunzip", daemon=True)
+    thread.start()
+    try:
+        while True:
+            piece, exc = q.get()
+            if exc is not None:
+                raise exc
+            if piece is None:
+                return
+            yield piece
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        thread.join()
 
 
 def _describe_validation(exc: msgspec.ValidationError, offset: int = 0) -> str:
@@ -200,63 +275,95 @@ def _split_events(path: str, events_text: bytes | msgspec.Raw) -> list[msgspec.R
         return _RAW_LIST.decode(events_text)
 
 
-def _scan(data: bytes) -> dict[str, Any] | None:
-    """The scanner's columns of a whole trace text, or None where the pure-Python path must
-    read it."""
+def _scan(pieces: Iterable[bytes]) -> tuple[dict[str, Any] | None, int]:
+    """The scanner's columns of a trace's text given in pieces, and the text's length in
+    bytes; None for the columns where the pure-Python path must read it (the scanner is off
+    or declines). Only the columns, the string table and one piece are held at a time."""
     if not scanner_available():
-        return None
+        return None, 0
+    scanner = _kineto_scan.Scanner()
+    size = 0
     try:
-        return _kineto_scan.scan_events(data)
+        for piece in pieces:
+            size += len(piece)
+            scanner.feed(piece)
+        return scanner.finish(), size
     except _kineto_scan.Unsupported:
-        return None
+        return None, size
+
+
+def _scanned(path: str, scan: dict[str, Any], json_bytes: int) -> RawTrace:
+    """A RawTrace of the scanner's columns; the other top-level members decoded."""
+    strings = scan["strings"]
+    text = scan["top_text"]
+    spans = memoryview(scan["top"]).cast("q").tolist()
+    with _json_errors(path):
+        meta = {
+            strings[k]: _ANY.decode(text[a:b])
+            for k, a, b in zip(spans[::3], spans[1::3], spans[2::3])
+        }
+    return _checked(
+        RawTrace(path=path, events_text=b"", meta=meta, json_bytes=json_bytes, scan=scan)
+    )
+
+
+def _checked(trace: RawTrace) -> RawTrace:
+    version = trace.meta.get("schemaVersion", 1)
+    if not isinstance(version, int) or version > KINETO_SCHEMA_MAX:
+        raise TraceFormatError(
+            trace.path,
+            f"schemaVersion {version} is newer than the Kineto trace formats this importer "
+            f"reads (up to {KINETO_SCHEMA_MAX}): upgrade tessera-profiler",
+        )
+    return trace
 
 
 def decode(path: str, data: bytes) -> RawTrace:
     """Split the JSON text of a trace file into its metadata and its events (scanned into
     columns by the C scanner where it can, else split into undecoded entries)."""
-    first = _FIRST_NON_SPACE.search(data)  # no stripped copy of a large text
-    if first is None:
+    if _FIRST_NON_SPACE.search(data) is None:  # no stripped copy of a large text
         raise TraceFormatError(path, "empty file, expected a JSON trace")
     with gc_paused():
-        # The scanner reads the whole text in one pass, the top level included; where it
-        # declines, msgspec splits the top level and the pure-Python path reads the events.
-        scan = _scan(data)
-        with _json_errors(path):
-            if scan is not None:
-                view = memoryview(data)
-                strings = scan["strings"]
-                spans = memoryview(scan["top"]).cast("q").tolist()
-                top: dict[str, Any] = {
-                    strings[k]: view[a:b] for k, a, b in zip(spans[::3], spans[1::3], spans[2::3])
-                }
-                events_start, events_end = scan["events_range"]
-                events_text: bytes | msgspec.Raw | memoryview = view[events_start:events_end]
-            elif first.group() == b"[":
-                top = {}
-                events_text = data
-            else:
-                top = _TOP.decode(data)
-                if "traceEvents" not in top:
-                    raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
-                events_text = top.pop("traceEvents")
-            raw_events = None if scan is not None else _split_events(path, events_text)
-            meta = {k: _ANY.decode(v) for k, v in top.items()}
-    version = meta.get("schemaVersion", 1)
-    if not isinstance(version, int) or version > KINETO_SCHEMA_MAX:
-        raise TraceFormatError(
-            path,
-            f"schemaVersion {version} is newer than the Kineto trace formats this importer "
-            f"reads (up to {KINETO_SCHEMA_MAX}): upgrade tessera-profiler",
+        scan, _ = _scan([data])
+        if scan is not None:
+            return _scanned(path, scan, len(data))
+        return _pure(path, data)
+
+
+def _pure(path: str, data: bytes) -> RawTrace:
+    """The pure-Python path: msgspec splits the top level and the events, undecoded."""
+    first = _FIRST_NON_SPACE.search(data)
+    if first is None:
+        raise TraceFormatError(path, "empty file, expected a JSON trace")
+    with gc_paused(), _json_errors(path):
+        if first.group() == b"[":
+            top: dict[str, Any] = {}
+            events_text: bytes | msgspec.Raw = data
+        else:
+            top = _TOP.decode(data)
+            if "traceEvents" not in top:
+                raise TraceFormatError(path, "JSON has no 'traceEvents' list: not a trace")
+            events_text = top.pop("traceEvents")
+        raw_events = _split_events(path, events_text)
+        meta = {k: _ANY.decode(v) for k, v in top.items()}
+    return _checked(
+        RawTrace(
+            path=path,
+            events_text=events_text,
+            meta=meta,
+            json_bytes=len(data),
+            _raw_events=raw_events,
         )
-    return RawTrace(
-        path=path,
-        events_text=events_text,
-        meta=meta,
-        json_bytes=len(data),
-        scan=scan,
-        _raw_events=raw_events,
     )
 
 
 def read_trace(path: str) -> RawTrace:
-    return decode(path, read_bytes(path))
+    """A trace file read as a stream: gunzipped piece by piece in a thread while the C
+    scanner reads the pieces into columns, so the whole text is never held (memory grows
+    with the columns, about a sixth of the text). Where the scanner is off or declines, the
+    pure-Python path reads the whole text."""
+    with gc_paused():
+        scan, size = _scan(_prefetched(iter_text(path)))
+        if scan is not None:
+            return _scanned(path, scan, size)
+    return _pure(path, read_bytes(path))

@@ -1,0 +1,200 @@
+"""Import reads a trace as a stream: gunzipped and scanned piece by piece, never the whole
+text at once. Cutting the text anywhere changes nothing: the scanner's columns equal a
+whole-text scan's on every shared trace, and an imported run is the same byte for byte.
+Damage in the middle of a large file fails the import and leaves nothing behind."""
+
+from __future__ import annotations
+
+import gzip
+import os
+
+import pytest
+
+from tessera_tb.importers import kineto_decode, kineto_import
+from tests.conftest import SHARED_TRACES, file_contents, shared_trace_files, trace_id
+
+if kineto_decode._kineto_scan is None:
+    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
+        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
+    pytestmark = pytest.mark.skip(reason="the C scanner is not built (no C compiler)")
+
+DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
+
+
+def _small_pieces(monkeypatch, read: int = 4093, text: int = 8191) -> None:
+    """Odd piece sizes: cuts fall inside strings, numbers, escapes and keys."""
+    monkeypatch.setattr(kineto_decode, "READ_CHUNK", read)
+    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", text)
+
+
+def _same_columns(a: dict, b: dict) -> None:
+    assert a["strings"] == b["strings"]  # the same ids, in the same order
+    for key in a:
+        if key not in ("strings", "top", "top_text"):
+            assert a[key] == b[key], key
+
+
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_streamed_scan_equals_the_whole_text_scan(path, monkeypatch):
+    monkeypatch.setenv("TESSERA_PURE_PYTHON", "0")
+    text = kineto_decode.read_bytes(path)
+    whole = kineto_decode._kineto_scan.scan_events(text)
+    _small_pieces(monkeypatch)
+    pieces = list(kineto_decode.iter_text(path))
+    assert len(pieces) > 1 and max(map(len, pieces)) <= 8191 and b"".join(pieces) == text
+    trace = kineto_decode.read_trace(path)
+    assert trace.scan is not None and trace.json_bytes == len(text)
+    _same_columns(trace.scan, whole)
+    assert trace.meta == kineto_decode._pure(path, text).meta
+
+
+def test_the_scanner_keeps_only_the_cut_event_between_pieces():
+    path = os.path.join(DDP, sorted(os.listdir(DDP))[-1])
+    text = gzip.decompress(open(path, "rb").read())
+    scanner = kineto_decode._kineto_scan.Scanner()
+    kept = [scanner.feed(text[i : i + 65536]) for i in range(0, len(text), 65536)]
+    longest_event = 8192  # these traces' events are a few hundred bytes, at most a few KB
+    assert 0 < max(kept) < longest_event
+    _same_columns(scanner.finish(), kineto_decode._kineto_scan.scan_events(text))
+
+
+def test_a_run_imported_in_small_pieces_is_the_same_byte_for_byte(tmp_path, monkeypatch):
+    kineto_import.import_traces([DDP], str(tmp_path / "a"), "run")
+    _small_pieces(monkeypatch)
+    kineto_import.import_traces([DDP], str(tmp_path / "b"), "run")
+    a, b = file_contents(tmp_path / "a" / "run"), file_contents(tmp_path / "b" / "run")
+    # TensorBoard's event files are named by the wall clock; the run's own files are not.
+    a, b = ({k: v for k, v in d.items() if "tfevents" not in k} for d in (a, b))
+    assert a.keys() == b.keys() and len(a) > 4
+    differ = [name for name in a if a[name] != b[name]]
+    assert not differ
+
+
+def _big_gzip(copies: int = 12) -> tuple[bytes, bytes]:
+    """A valid trace of many MB (the DDP rank's events repeated), gzipped: (text, file)."""
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    text = gzip.decompress(open(path, "rb").read())
+    head, sep, rest = text.partition(b'"traceEvents": [')
+    events, close, tail = rest.rpartition(b"]")
+    events = events.strip().rstrip(b",")
+    big = head + sep + b",\n".join([events] * copies) + close + tail
+    return big, gzip.compress(big, compresslevel=1)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damage_in_the_middle_of_a_large_stream_leaves_nothing(damage, tmp_path, monkeypatch):
+    text, packed = _big_gzip()
+    assert len(text) > 50e6
+    if damage == "truncated":
+        packed = packed[: len(packed) * 2 // 3]
+    else:  # bytes changed two thirds in: the deflate data or its CRC check fails there
+        at = len(packed) * 2 // 3
+        packed = packed[:at] + bytes(b ^ 0x5A for b in packed[at : at + 64]) + packed[at + 64 :]
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    bad = traces / "rank0.1.pt.trace.json.gz"
+    bad.write_bytes(packed)
+    logdir = tmp_path / "logdir"
+    kineto_import.import_traces([DDP], str(logdir), "run")  # an existing run to keep
+    before = file_contents(logdir / "run")
+    seen = []
+    real_feed = kineto_decode._scan
+
+    def counting(pieces):
+        def counted():
+            for piece in pieces:
+                seen.append(len(piece))
+                yield piece
+
+        return real_feed(counted())
+
+    monkeypatch.setattr(kineto_decode, "_scan", counting)
+    with pytest.raises(kineto_import.ImportFailed) as err:
+        kineto_import.import_traces([str(bad)], str(logdir), "run", overwrite=True)
+    message = str(err.value)
+    assert str(bad) in message and "\n" not in message
+    assert ("truncated gzip" in message) if damage == "truncated" else ("corrupt gzip" in message)
+    # It failed in the middle: many pieces were scanned before the damage was met.
+    assert sum(seen) > len(text) / 3
+    assert file_contents(logdir / "run") == before
+    assert sorted(os.listdir(logdir)) == ["run"]
+
+
+def test_multi_member_gzip_and_zero_padding_read_as_one_text(tmp_path, monkeypatch):
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    text = gzip.decompress(open(path, "rb").read())
+    third = len(text) // 3
+    packed = b"".join(gzip.compress(text[i : i + third]) for i in range(0, len(text), third))
+    f = tmp_path / "rank0.1.pt.trace.json.gz"
+    f.write_bytes(packed + b"\0" * 1000)
+    _small_pieces(monkeypatch)
+    assert b"".join(kineto_decode.iter_text(str(f))) == text
+    trace = kineto_decode.read_trace(str(f))
+    assert trace.scan is not None
+    _same_columns(trace.scan, kineto_decode._kineto_scan.scan_events(text))
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"",
+        b"   ",
+        b'{"schemaVersion": 1}',
+        b'{"traceEvents": [{"ph": "X"}]',
+        b'{"traceEvents": [{"ph": "X"}], "a": [1, 2}',
+        b'{"traceEvents": []} []',
+        b'[{"ph": "X"}, ',
+        b'{"traceEvents": [{"ph": "X", "args": {"a": 1, "a": 2}}]}',
+    ],
+)
+def test_the_streamed_scanner_declines_what_the_whole_text_scan_declines(text):
+    scan = kineto_decode._kineto_scan
+    with pytest.raises(scan.Unsupported):
+        scan.scan_events(text)
+    scanner = scan.Scanner()
+    with pytest.raises(scan.Unsupported):
+        for i in range(len(text)):
+            scanner.feed(text[i : i + 1])
+        scanner.finish()
+
+
+def test_streamed_and_whole_text_scans_agree_on_damaged_real_text():
+    """Real text with bytes changed or cut, fed in random pieces: both scans decline, or
+    both read the same columns."""
+    import random
+
+    scan = kineto_decode._kineto_scan
+    rng = random.Random(20261125)
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    text = gzip.decompress(open(path, "rb").read())
+    outcomes = {"same": 0, "declined": 0}
+    for _ in range(60):
+        start = text.index(b"\n  {", rng.randrange(len(text) // 2))  # Kineto's event starts
+        events = text[start : start + 20000]
+        events = events[: events.rindex(b"\n  }") + 4]
+        damaged = bytearray(b'{"traceEvents": [' + events + b"]}")
+        for _ in range(rng.randrange(0, 3)):
+            pos = rng.randrange(len(damaged))
+            damaged[pos] = rng.choice(b'{}[]",:\\0123456789.eE-+tfnu \n')
+        damaged = bytes(damaged)
+        try:
+            whole = scan.scan_events(damaged)
+        except scan.Unsupported:
+            whole = None
+        scanner = scan.Scanner()
+        try:
+            i = 0
+            while i < len(damaged):
+                n = rng.randrange(1, 700)
+                scanner.feed(damaged[i : i + n])
+                i += n
+            streamed = scanner.finish()
+        except scan.Unsupported:
+            streamed = None
+        assert (whole is None) == (streamed is None)
+        if whole is None:
+            outcomes["declined"] += 1
+        else:
+            _same_columns(streamed, whole)
+            outcomes["same"] += 1
+    assert outcomes["same"] > 10 and outcomes["declined"] > 5
