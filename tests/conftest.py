@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
+from urllib.parse import quote
 
 import pytest
 
@@ -65,3 +67,13 @@ def file_contents(directory) -> dict[str, bytes]:
             with open(p, "rb") as fh:
                 out[os.path.relpath(p, directory).replace(os.sep, "/")] = fh.read()
     return out
+
+
+def run_links_named(view: dict, run: str) -> dict:
+    """`view` with its findings' deep links' run (`t.run=<run>`) replaced by `RUN`, so that two
+    copies of one run under different names (a directory and its bundle) compare equal; fails if
+    a link names another run."""
+    text = json.dumps(view)
+    own = f"t.run={quote(run, safe='')}"
+    assert text.count("t.run=") == text.count(own), f"a link names a run other than {run}"
+    return json.loads(text.replace(own, "t.run=RUN"))

@@ -29,8 +29,6 @@ import os
 import sys
 import time
 
-HELP = "sample NVML counters of a running process's GPUs"
-
 PROCESS_COUNTERS = {
     "proc_sm_util_pct": "%",
     "proc_mem_util_pct": "%",

@@ -21,8 +21,6 @@ import sys
 import tempfile
 import time
 
-HELP = "re-run the program under Nsight Compute and attach hardware counters to RUN"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.usage = "tessera-prof counters RUN [options] -- PROGRAM [ARGS...]"

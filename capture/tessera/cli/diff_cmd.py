@@ -22,8 +22,6 @@ from tessera_tb.backend import compare
 from tessera_tb.importers.kineto_import import parse_steps
 from tessera_tb.trace.errors import TraceFormatError
 
-HELP = "compare a run against a baseline run (exit 1 with --fail-if-slower when slower)"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="baseline run")

@@ -24,8 +24,6 @@ from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.open_trace import open_trace
 from tessera_tb.trace.reader import Run, open_run
 
-HELP = "write a run's analyses as one offline HTML file"
-
 
 def open_run_argument(path: str) -> Run:
     """A run from a command-line argument: a bundle or a run URL (read in place), else what

@@ -24,8 +24,6 @@ from tessera_tb.importers import kineto_decode
 from tessera_tb.importers.kineto_import import ImportFailed, import_traces, parse_steps
 from tessera_tb.trace import layout
 
-HELP = "import PyTorch profiler traces into a run"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH", help="trace files or directories of them")

@@ -20,8 +20,6 @@ from tessera_tb.importers.ncu_attach import import_ncu
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.kernel_counters import METHOD_NAME_ORDER
 
-HELP = "attach Nsight Compute counters (raw-page CSV) to a run's kernels"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument(

@@ -1,44 +1,67 @@
-"""Entry point of `tessera-prof`. Exit status: 0 ok, 2 bad input or usage."""
+"""Entry point of `tessera-prof`. Exit status: 0 ok, 2 bad input or usage.
+
+Each subcommand lives in its own module (`tessera.cli.<name>_cmd`, with `prepare_parser(p)` and
+`run(args)`), imported only when that subcommand runs: `tessera-prof --help` or `report` must not
+pay for (or fail on) plotly, pandas or torch that another subcommand needs. To add a subcommand,
+add one line to `_COMMANDS`; never import a command module at the top of this file.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
-from tessera.cli import (
-    attach_cmd,
-    counters_cmd,
-    diff_cmd,
-    html_cmd,
-    import_cmd,
-    import_ncu_cmd,
-    pack_cmd,
-    report_cmd,
-    unpack_cmd,
-)
-
-_COMMANDS = {
-    "import": import_cmd,
-    "import-ncu": import_ncu_cmd,
-    "counters": counters_cmd,
-    "report": report_cmd,
-    "attach": attach_cmd,
-    "pack": pack_cmd,
-    "unpack": unpack_cmd,
-    "html": html_cmd,
-    "diff": diff_cmd,
+# name -> (module under tessera.cli, one-line help shown by `tessera-prof --help`)
+_COMMANDS: dict[str, tuple[str, str]] = {
+    "import": ("import_cmd", "import PyTorch profiler traces into a run"),
+    "import-ncu": (
+        "import_ncu_cmd",
+        "attach Nsight Compute counters (raw-page CSV) to a run's kernels",
+    ),
+    "counters": (
+        "counters_cmd",
+        "re-run the program under Nsight Compute and attach hardware counters to RUN",
+    ),
+    "report": ("report_cmd", "print a run's analyses as tables"),
+    "attach": ("attach_cmd", "sample NVML counters of a running process's GPUs"),
+    "pack": ("pack_cmd", "pack a run into one .tessera.zip bundle"),
+    "unpack": ("unpack_cmd", "check a .tessera.zip bundle and unpack it into a run directory"),
+    "html": ("html_cmd", "write a run's analyses as one offline HTML file"),
+    "diff": (
+        "diff_cmd",
+        "compare a run against a baseline run (exit 1 with --fail-if-slower when slower)",
+    ),
 }
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that imports its module and adds its options only when argparse
+    hands it the subcommand's arguments (so only the chosen command's module is imported)."""
+
+    command_module: str | None = None
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        if self.command_module is not None:
+            module = importlib.import_module(f"tessera.cli.{self.command_module}")
+            self.command_module = None
+            self.description = module.__doc__
+            module.prepare_parser(self)
+            self.set_defaults(_run=module.run)
+        return super().parse_known_args(args, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """The `tessera-prof` parser; subcommand modules load when their subcommand is parsed."""
     parser = argparse.ArgumentParser(
         prog="tessera-prof", description="Tessera Profiler: import, inspect and share GPU profiles."
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in _COMMANDS.items():
-        p = sub.add_parser(name, help=module.HELP, description=module.__doc__)
-        module.prepare_parser(p)
-        p.set_defaults(_run=module.run)
+    sub = parser.add_subparsers(
+        dest="command", required=True, metavar="COMMAND", parser_class=_CommandParser
+    )
+    for name, (module_name, help_text) in _COMMANDS.items():
+        p = sub.add_parser(name, help=help_text)
+        p.command_module = module_name
     return parser
 
 

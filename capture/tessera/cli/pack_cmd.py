@@ -18,8 +18,6 @@ from tessera_tb.importers.kineto_import import parse_steps
 from tessera_tb.trace.bundle import BUNDLE_SUFFIX, pack_run
 from tessera_tb.trace.errors import TraceFormatError
 
-HELP = "pack a run into one .tessera.zip bundle"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("run", metavar="RUN", help="run directory (or bundle, or run URL)")

@@ -21,7 +21,6 @@ from tessera_tb.importers.kineto_import import parse_steps
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.open_trace import open_trace
 
-HELP = "print a run's analyses as tables"
 SECTIONS = (
     "summary",
     "breakdown",

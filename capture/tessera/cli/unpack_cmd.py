@@ -26,8 +26,6 @@ from tessera_tb.trace.bundle import (
 )
 from tessera_tb.trace.errors import TraceFormatError
 
-HELP = "check a .tessera.zip bundle and unpack it into a run directory"
-
 
 def prepare_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("bundle", metavar="BUNDLE", help="bundle file (*.tessera.zip)")
