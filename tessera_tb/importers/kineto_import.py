@@ -27,7 +27,7 @@ import numpy.ma  # noqa: F401
 from tessera_tb.importers import kineto_decode, nvml_csv
 from tessera_tb.importers.kineto_span import StringTable, build_span
 from tessera_tb.proto import trace_pb2 as pb
-from tessera_tb.trace import layout
+from tessera_tb.trace import layout, run_placement
 from tessera_tb.trace.atomic import fsync_tree
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import Capability, StepData
@@ -372,31 +372,6 @@ def _nvml_beside(files: list[str], worker: str) -> str | None:
     return None
 
 
-def _make_staging_dir(parent: str) -> str:
-    """A new hidden directory in `parent`, with the permissions a plain mkdir gives (it
-    becomes the run: tempfile.mkdtemp's owner-only mode would hide it from other users)."""
-    while True:
-        path = os.path.join(parent, f".tessera-import-{os.urandom(6).hex()}")
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-
-
-def _swap_into_place(new: str, dest: str, parking: str) -> None:
-    """Rename `new` to `dest`; an existing `dest` is parked first and put back on failure."""
-    if not os.path.exists(dest):
-        os.rename(new, dest)
-        return
-    os.rename(dest, parking)
-    try:
-        os.rename(new, dest)
-    except OSError:
-        os.rename(parking, dest)
-        raise
-
-
 def _remove_empty_dirs(path: str, stop: str) -> None:
     stop = os.path.abspath(stop)
     path = os.path.abspath(path)
@@ -461,9 +436,10 @@ def import_traces(
     made_parent = not os.path.isdir(parent)
     os.makedirs(parent, exist_ok=True)
     # Built beside its destination (same file system), hidden from run discovery, and
-    # renamed into place whole; an old run it replaces is parked beside it meanwhile.
-    tmp_run = _make_staging_dir(parent)
-    parking = tmp_run + ".replaced"
+    # renamed into place whole, exclusively (trace/run_placement.py). Staging directories
+    # of earlier imports killed on the way go first.
+    run_placement.remove_stale_staging(parent)
+    tmp_run = run_placement.make_staging_dir(parent)
     warnings: list[str] = []
     try:
         # Millions of objects are made and freed by reference counting alone; the
@@ -484,13 +460,14 @@ def import_traces(
             # power loss cannot leave it with neither. A new run is left to the page cache
             # (its traces are still there to import again).
             fsync_tree(tmp_run)
-        _swap_into_place(tmp_run, dest, parking)
+        run_placement.place_run(tmp_run, dest, overwrite=overwrite)
+    except run_placement.RunExists:
+        raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)") from None
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None
     finally:
-        for leftover in (tmp_run, parking):  # gone already, unless something failed
-            if os.path.lexists(leftover):
-                shutil.rmtree(leftover, ignore_errors=True)
+        if os.path.lexists(tmp_run):  # gone already, unless it failed or holds the old run
+            shutil.rmtree(tmp_run, ignore_errors=True)
         if made_parent and not os.path.exists(dest):
             _remove_empty_dirs(parent, stop=logdir)
     return ImportResult(dest, results, time.perf_counter() - t0, warnings)

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 
 from tessera_tb import __version__
 from tessera_tb.proto import trace_pb2 as pb
-from tessera_tb.trace import layout
+from tessera_tb.trace import layout, run_placement
 from tessera_tb.trace.errors import TraceFormatError
 
 BUNDLE_SUFFIX = layout.BUNDLE_SUFFIX
@@ -499,20 +499,23 @@ def unpack_bundle(
     files = BundleFiles(bundle_path, limits or DEFAULT_LIMITS)
     parent = os.path.dirname(run_dir)
     os.makedirs(parent, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tessera-unpack-", dir=parent)
+    # Assembled in a hidden directory and put in place exclusively (trace/run_placement.py):
+    # of two unpacks into one run, one wins and the other leaves nothing behind.
+    run_placement.remove_stale_staging(parent)
+    staging = run_placement.make_staging_dir(parent, "unpack")
     try:
-        target = os.path.join(staging, "run")
         for name in files.members:
             data = files.read_bytes(f"{bundle_path}/{name}")  # checks the SHA-256
-            dest = os.path.join(target, *name.split("/"))
+            dest = os.path.join(staging, *name.split("/"))
             os.makedirs(os.path.dirname(dest), exist_ok=True)
             fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-        os.makedirs(layout.plugin_dir(target), exist_ok=True)
-        if os.path.lexists(run_dir):
-            os.replace(run_dir, os.path.join(staging, "old"))
-        os.replace(target, run_dir)
+        os.makedirs(layout.plugin_dir(staging), exist_ok=True)
+        try:
+            run_placement.place_run(staging, run_dir, overwrite=overwrite)
+        except run_placement.RunExists:
+            raise ValueError(f"{run_dir} exists (use --overwrite to replace it)") from None
         return files.manifest
     finally:
         files.close()
