@@ -63,6 +63,20 @@ def worker_dir(run_dir: str, worker: str) -> str:
     return os.path.join(plugin_dir(run_dir), check_worker_name(worker))
 
 
+def new_capture_dir(run_dir: str, worker: str) -> str:
+    """Where a new capture session of `worker` writes, given the run directory it was asked
+    for: `run_dir` itself while that holds no capture of `worker`, else the first of
+    `run_dir/capture-2`, `capture-3`, ... that holds none. Each is a run of its own (listed as
+    `exp1/capture-2`), so an earlier session's steps are never replaced nor mixed with the
+    new ones; the ranks of one job, starting alike, pick the same one."""
+    n = 1
+    while True:
+        candidate = run_dir if n == 1 else os.path.join(run_dir, f"capture-{n}")
+        if not os.path.exists(os.path.join(worker_dir(candidate, worker), META_FILE)):
+            return candidate
+        n += 1
+
+
 def find_runs(logdir: str, *, bundles: bool = False) -> dict[str, str]:
     """Map run name (relative path, '/'-separated, "." for the logdir itself) -> run directory.
 

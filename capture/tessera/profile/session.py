@@ -97,6 +97,7 @@ class Session:
         max_steps: int = DEFAULT_MAX_STEPS,
         max_bytes: int = DEFAULT_MAX_BYTES,
         writer: str = "process",
+        overwrite: bool = False,
     ):
         acts = list(activities) if activities is not None else ["cpu", "gpu"]
         unknown = [a for a in acts if a not in ACTIVITIES]
@@ -117,6 +118,7 @@ class Session:
         self.exporters = list(exporters)
         self.max_steps = int(max_steps)
         self.max_bytes = int(max_bytes)
+        self.overwrite = bool(overwrite)
         self._own_dir = tensorboard_dir is None
         self.run_dir = str(tensorboard_dir) if tensorboard_dir is not None else None
         # tensorboard_dir="s3://bucket/runs/exp1" (any fsspec URL): steps are written to a
@@ -496,6 +498,18 @@ class Session:
                 )
                 self.box.emit(stacklevel=4)
                 return False
+        elif not self.overwrite:
+            # An earlier session's capture is kept: this one gets a capture (run) of its own.
+            earlier = self.run_dir
+            self.run_dir = layout.new_capture_dir(earlier, self.worker)
+            if self.run_dir != earlier:
+                self.box.add(
+                    "new_capture",
+                    f"tessera capture: {earlier} holds an earlier capture of {self.worker}; "
+                    f"it is kept and this session writes to {self.run_dir} "
+                    "(overwrite=True replaces it instead)",
+                )
+                self.box.emit(stacklevel=4)
         directory = layout.worker_dir(self.run_dir, self.worker)
         try:
             os.makedirs(directory, exist_ok=True)
@@ -739,12 +753,17 @@ def session(
     max_steps: int = DEFAULT_MAX_STEPS,
     max_bytes: int = DEFAULT_MAX_BYTES,
     writer: str = "process",
+    overwrite: bool = False,
 ) -> Session:
     """A capture session: `with profile.session(tensorboard_dir="runs/exp1") as sess: ...`.
 
     `tensorboard_dir` is the run directory (`tensorboard --logdir` it or its parent); without
     one a temporary directory is used (`sess.run_dir`). `writer="thread"` writes on a thread
     of this process instead of a child process (docs/CAPTURE.md says when that costs).
+
+    A `tensorboard_dir` that already holds a capture of this worker keeps it: the session
+    writes to `<tensorboard_dir>/capture-2` (then `capture-3`, ...), a run of its own, and
+    warns where. `overwrite=True` replaces the earlier capture instead.
     """
     return Session(
         activities,
@@ -758,4 +777,5 @@ def session(
         max_steps=max_steps,
         max_bytes=max_bytes,
         writer=writer,
+        overwrite=overwrite,
     )
