@@ -28,6 +28,7 @@ import pandas as pd
 from tessera_tb.backend import collectives
 from tessera_tb.trace import layout
 from tessera_tb.trace.atomic import write_bytes_atomic
+from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.reader import Run, WorkerInfo, read_meta
 
 SUMMARY_DIR = ".derived"
@@ -196,7 +197,7 @@ def read_run_summary(run: Run) -> RunSummary | None:
     path = summary_path(run.path)
     try:
         raw = json.loads(files.read_bytes(path))
-    except (OSError, ValueError, Exception):
+    except (OSError, KeyError, ValueError, TraceFormatError):  # absent, unreadable, not JSON
         return None
     if not isinstance(raw, dict) or raw.get("version") != SUMMARY_VERSION:
         return None
@@ -225,7 +226,7 @@ def write_run_summary(run: Run, summary: RunSummary) -> bool:
             write_bytes_atomic(path, data)
         else:
             return False
-    except Exception:  # read-only storage: the caller keeps the index in memory
+    except (OSError, TraceFormatError):  # read-only storage: the caller keeps it in memory
         return False
     return True
 

@@ -120,3 +120,14 @@ def test_with_the_c_scanner_there_is_no_such_note(tmp_path, capsys):
         pytest.skip("the C scanner is not built here")
     assert main(["import", GPT, "--logdir", str(tmp_path), "--run", "fast"]) == 0
     assert "scanner" not in capsys.readouterr().err
+
+
+def test_the_summary_counts_workers_per_step_range_past_sixteen():
+    from tessera.cli.import_cmd import _workers_and_steps
+    from tessera_tb.importers.kineto_import import WorkerImport
+
+    few = [WorkerImport(f"rank{r}", [], steps=[4, 5, 6]) for r in range(2)]
+    assert _workers_and_steps(few) == "rank0 steps 4-6, rank1 steps 4-6"
+    many = [WorkerImport(f"rank{r}", [], steps=[4, 5, 6]) for r in range(1023)]
+    many.append(WorkerImport("rank1023", [], steps=[4, 6]))
+    assert _workers_and_steps(many) == "1023 workers steps 4-6, 1 workers steps 4,6"

@@ -99,11 +99,26 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"imported {result.events:,} events ({mb:.1f} MB of JSON) from "
         f"{sum(len(w.files) for w in result.workers)} file(s) into {result.run_dir}: "
-        + ", ".join(f"{w.worker} steps {_ranges(w.steps)}" for w in result.workers)
+        + _workers_and_steps(result.workers)
         + f" in {result.seconds:.2f} s ({mb / max(result.seconds, 1e-9):.1f} MB/s); "
         f"{result.bytes_written / 1e6:.2f} MB on disk"
     )
     return 0
+
+
+# Past this many workers the summary counts workers per step range instead of naming each.
+NAMED_WORKERS = 16
+
+
+def _workers_and_steps(workers) -> str:
+    """ "rank0 steps 4-6, rank1 steps 4-6", or for many workers "1024 workers steps 4-6"."""
+    if len(workers) <= NAMED_WORKERS:
+        return ", ".join(f"{w.worker} steps {_ranges(w.steps)}" for w in workers)
+    by_range: dict[str, int] = {}
+    for w in workers:
+        key = _ranges(w.steps)
+        by_range[key] = by_range.get(key, 0) + 1
+    return ", ".join(f"{n} workers steps {r}" for r, n in by_range.items())
 
 
 def _ranges(steps: list[int]) -> str:
