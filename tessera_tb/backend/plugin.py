@@ -117,14 +117,12 @@ class TesseraPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_runs(self, request):
-        return http_util.Respond(
-            request, plugin_data.encode_json(plugin_data.runs_listing(self._index)), _JSON
-        )
+        return http_util.Respond(request, plugin_data.runs_json(self._index), _JSON)
 
     @wrappers.Request.application
     def _serve_header(self, request):
         entry = plugin_data.resolve_run(self._index, request.args.get("run"))
-        body = plugin_data.encode_json(plugin_data.run_header(self._index, entry))
+        body = plugin_data.header_json(self._index, entry)
         return http_util.Respond(request, body, _JSON)
 
     def _view_app(self, view: str):

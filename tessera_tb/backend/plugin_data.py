@@ -13,6 +13,7 @@ Parameters from requests are resolved against what the index discovered (`resolv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -26,6 +27,7 @@ from tensorboard import errors
 
 from tessera_tb.backend.run_index import CachedRun, RunEntry, RunIndex
 from tessera_tb.backend.selection import steady_state_step
+from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.reader import Run
 from tessera_tb.trace.step import Attr, StepData
@@ -220,6 +222,25 @@ def runs_listing(index: RunIndex) -> dict:
     }
 
 
+def runs_json(index: RunIndex) -> bytes:
+    """`runs_listing` encoded, cached until a run changes or a step file fails to load (a
+    run of a thousand ranks lists each worker's steps: worth keeping)."""
+    entries = index.entries()
+    key = (
+        "runs",
+        tuple((n, e.signature, e.error) for n, e in sorted(entries.items())),
+        index.step_errors_key(),
+        index.logdir_error,
+    )
+    return index.cached_result(key, lambda: encode_json(runs_listing(index)))
+
+
+def header_json(index: RunIndex, entry: RunEntry) -> bytes:
+    """`run_header` encoded, cached per run signature."""
+    key = ("header", entry.name, entry.signature)
+    return index.cached_result(key, lambda: encode_json(run_header(index, entry)))
+
+
 def _run_listing(index: RunIndex, entry: RunEntry) -> dict:
     item: dict = {"name": entry.name, "error": entry.error, "workers": []}
     for worker, problem in sorted(entry.worker_errors.items()):
@@ -267,14 +288,21 @@ LISTED_GROUP_RANKS = 64
 def _process_group(pg) -> dict:
     """A process group in the runs listing: name, desc, size, ranks (null past
     LISTED_GROUP_RANKS) and ranks_text ("0-1023" ranges)."""
+    # Every worker of a run lists the same groups: each is made once, keyed by its bytes.
+    return dict(_process_group_of(pg.SerializeToString(deterministic=True), LISTED_GROUP_RANKS))
+
+
+@functools.lru_cache(maxsize=4096)
+def _process_group_of(pg_bytes: bytes, listed: int) -> tuple:
+    pg = pb.ProcessGroup.FromString(pg_bytes)
     ranks = list(pg.ranks)
-    return {
-        "name": pg.name,
-        "desc": pg.desc,
-        "size": pg.size,
-        "ranks": ranks if len(ranks) <= LISTED_GROUP_RANKS else None,
-        "ranks_text": _ranges_text(ranks),
-    }
+    return (
+        ("name", pg.name),
+        ("desc", pg.desc),
+        ("size", pg.size),
+        ("ranks", ranks if len(ranks) <= listed else None),
+        ("ranks_text", _ranges_text(ranks)),
+    )
 
 
 def _ranges_text(values: list[int]) -> str:
@@ -644,7 +672,7 @@ def chrome_trace(index: RunIndex, args) -> tuple[bytes, str]:
 
 # The overview reads the step files of at most this many selected ranks (the straggler ranks
 # of the derived index first, then by rank); it says so when it leaves ranks out.
-OVERVIEW_MAX_WORKERS = 8
+OVERVIEW_MAX_WORKERS = 4
 
 
 def _overview_workers(run: Run, sel: Selection) -> list[str]:

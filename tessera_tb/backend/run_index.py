@@ -386,6 +386,11 @@ class RunIndex:
             self._steps.put(key, value, 3 * step_nbytes(step))
         return value
 
+    def step_errors_key(self) -> tuple:
+        """Every step file that failed to load so far, with its problem: part of the key of
+        answers that list step errors (the runs listing)."""
+        return tuple(sorted(self._bad_steps.items()))
+
     def known_step_errors(self, entry: RunEntry) -> dict[tuple[str, int], str]:
         """{(worker, step): problem} for the run's step files that failed to load so far."""
         if entry.run is None or not self._bad_steps:

@@ -50,7 +50,7 @@ def test_a_64_rank_run_opens_capped_with_its_straggler_named(large_tab, large_tb
     f = large_tab.frame
     want = get_json(large_tb, "overview", run="r64")
     assert f.locator(".overview-capped").inner_text() == want["capped"]["note"]
-    assert "8 of the 64 selected ranks" in want["capped"]["note"]
+    assert "4 of the 64 selected ranks" in want["capped"]["note"]
     assert f"rank{STRAGGLER}" in want["capped"]["shown"]
     heat = f.locator(".heatmap-step-time .main-svg").count()
     assert heat > 0
