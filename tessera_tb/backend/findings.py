@@ -739,11 +739,16 @@ def index_straggler_findings(
     inst = tables["instances"]
     inst = inst[inst["complete"].astype(bool) & inst["step"].isin(steps)]
     group = float(inst["group_size"].astype("float64").median()) if len(inst) else 0.0
-    group_of = {w: group for w in per["worker"]}
+    # Only ranks that were ever last can make a finding: the per-rank lookups cover those.
+    per = per[per["n_straggler"] > 0]
+    late = set(per["worker"])
+    group_of = {w: group for w in late}
+    inst = inst[inst["straggler_worker"].isin(late)]
     types_of = {
         w: g["collective_type"].fillna(g["collective_name"]).value_counts()
         for w, g in inst.groupby("straggler_worker")
     }
+    rs = rs[rs["worker"].isin(late)]
     steps_of = {w: tuple(sorted(int(s) for s in g["step"])) for w, g in rs.groupby("worker")}
     span_of = rs.groupby("worker")["step_time_ns"].median().astype("float64").to_dict()
     rows = _straggler_rows(
@@ -780,9 +785,12 @@ def findings(
     steps: Iterable[int] | None = None,
     data_regions: Iterable[str] = (),
     min_win_pct: float = MIN_WIN_PCT,
+    collective_stragglers: bool = True,
 ) -> pd.DataFrame:
     """Findings per worker over a step range (numbers are medians over the steps), ranked by
-    win_ms_per_step across workers.
+    win_ms_per_step across workers. `collective_stragglers=False` leaves out the
+    `collective_straggler` kind (a caller that has them from a run's derived index,
+    `index_straggler_findings`, where instances span ranks not read here).
 
     `steps=None` means the default single step, `selection.steady_state_step` of the first
     selected worker. `data_regions`: names of annotations/regions that load data (besides
@@ -822,7 +830,8 @@ def findings(
         if any(per_worker[w])
     }
     steps_of = {w: tuple(seen_steps[w]) for w in names}
-    rows += straggler_findings(run, names, steps_of, spans, min_win_pct)
+    if collective_stragglers:
+        rows += straggler_findings(run, names, steps_of, spans, min_win_pct)
     rows += counter_findings(
         run,
         names,

@@ -709,8 +709,9 @@ def overview_view(run: Run, sel: Selection) -> dict:
 
     workers, steps = _overview_workers(run, sel), list(sel.steps)
     per_step = summary.step_summary(run, workers, steps)
-    found = findings.findings(run, workers, steps)
     index = _summary_for(run, sel) if len(run.workers) >= LARGE_RUN_WORKERS else None
+    # With the index, straggler findings come from it (instances matched over every rank).
+    found = findings.findings(run, workers, steps, collective_stragglers=index is None)
     extra: dict = {}
     if index is not None:
         rs = index.tables["rank_step"]
@@ -718,9 +719,6 @@ def overview_view(run: Run, sel: Selection) -> dict:
         from_index = findings.index_straggler_findings(
             index.tables, list(sel.workers), steps, run.name
         )
-        # The index matched instances over every rank: its straggler findings replace those
-        # of the few ranks read here.
-        found = found[found["kind"] != "collective_straggler"]
         found = pd.concat([from_index, found], ignore_index=True).sort_values(
             ["win_ms_per_step", "worker"], ascending=[False, True], kind="stable"
         )
