@@ -105,12 +105,19 @@ class RawTrace:
             self._raw_events = _split_events(self.path, self.events_text)
         return self._raw_events
 
+    _released: tuple[int, set[str]] | None = field(default=None, repr=False)
+
     @property
     def event_count(self) -> int:
+        if self._released is not None:
+            return self._released[0]
         return self.scan["n"] if self.scan is not None else len(self.raw_events)
 
-    def first_categories(self, count: int) -> set[str]:
-        """The categories of the first `count` events."""
+    def first_categories(self, count: int = 5000) -> set[str]:
+        """The categories of the first `count` events (at most 5000 once the columns are
+        released)."""
+        if self._released is not None:
+            return self._released[1]
         if self.scan is not None:
             cats = np.unique(np.frombuffer(self.scan["cat"], dtype=np.int32)[:count])
             return {self.scan["strings"][c] for c in cats.tolist()}
@@ -131,6 +138,16 @@ class RawTrace:
                 except UnicodeDecodeError as exc:
                     raise TraceFormatError(self.path, _not_utf8(exc)) from None
             yield offset, events
+
+    def release_scan(self) -> dict[str, Any] | None:
+        """Hand over the scanner's columns, dropping them here: once the span's columns are
+        built from them they are dead weight, a sixth of the text's size, while the steps
+        are built. The event count and first categories stay readable."""
+        scan = self.scan
+        if scan is not None:
+            self._released = (scan["n"], self.first_categories(5000))
+            self.scan = None
+        return scan
 
     @property
     def events(self) -> list[RawEvent]:

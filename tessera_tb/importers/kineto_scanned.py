@@ -29,7 +29,7 @@ from tessera_tb.importers.kineto_columns import (
     intern_json,
     us_to_ns,
 )
-from tessera_tb.importers.kineto_decode import RawEvent, RawTrace
+from tessera_tb.importers.kineto_decode import RawEvent
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import FLOW_PHASES
 
@@ -58,9 +58,10 @@ class _Ids:
         return mapped
 
 
-def scanned_span_columns(trace: RawTrace, strings: StringTable, base_ns: int) -> SpanColumns:
-    scan = trace.scan
-    path = trace.path
+def scanned_span_columns(
+    scan: dict[str, Any], path: str, strings: StringTable, base_ns: int
+) -> SpanColumns:
+    """SpanColumns of the scanner's columns `scan` of trace file `path`."""
     text: list[str] = scan["strings"]
 
     def col(name: str, dtype) -> np.ndarray:

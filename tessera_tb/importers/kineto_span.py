@@ -80,7 +80,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     path = trace.path
     warnings: list[str] = []
     if trace.scan is not None:  # the C scanner read the events
-        cols = scanned_span_columns(trace, strings, base_ns)
+        cols = scanned_span_columns(trace.release_scan(), trace.path, strings, base_ns)
     else:
         cols = span_columns(trace, strings, base_ns)
     if cols.skipped_phases:
