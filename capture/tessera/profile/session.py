@@ -160,7 +160,8 @@ class Session:
         self.step_source = "pending"
         self._provisional = False
         self._opt_hook = None  # RemovableHandle of torch's global optimizer step post-hook
-        self._step_optimizer = None  # weakref to the optimizer whose steps end steps
+        # (weakref to the optimizer whose steps end steps, our step wrapper, what it replaced)
+        self._wrapped_optimizer = None
         self._optimizer_steps_seen = 0
         self.exit_line: str | None = None
 
@@ -379,24 +380,62 @@ class Session:
     # ---- internals ------------------------------------------------------------------------
 
     def _hook_optimizer(self, torch) -> None:
-        """Until the first `sess.step()`, each `torch.optim.Optimizer.step` ends a step
-        (torch's global optimizer step post-hook); only the first optimizer seen counts, so
-        a program with two optimizers still gets one step per iteration."""
+        """Until the first `sess.step()`, each `torch.optim.Optimizer.step` ends a step.
+
+        torch's global optimizer step post-hook finds the optimizer (the first one that
+        steps; a program with two optimizers still gets one step per iteration). The hook
+        runs inside torch's `Optimizer.step#...` record_function, and switching profiler
+        steps there (stopping or starting a Kineto trace while that range is open) crashes
+        torch, so the step is not ended in the hook: the optimizer's `step` is wrapped on
+        the instance and the step ends when it has returned.
+        """
         if torch is None:
             return
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
         except Exception:
             return
-        self._opt_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._opt_hook = register_optimizer_step_post_hook(self._on_first_optimizer_step)
 
     def _unhook_optimizer(self) -> None:
         hook, self._opt_hook = self._opt_hook, None
         if hook is not None:
             hook.remove()
+        wrapped, self._wrapped_optimizer = self._wrapped_optimizer, None
+        if wrapped is not None:
+            optimizer, ours, before = wrapped
+            opt = optimizer()
+            if opt is not None and opt.__dict__.get("step") is ours:
+                if before is None:
+                    del opt.__dict__["step"]
+                else:
+                    opt.__dict__["step"] = before
 
-    def _on_optimizer_step(self, optimizer, args, kwargs) -> None:
-        """Torch's global optimizer step post-hook.
+    def _on_first_optimizer_step(self, optimizer, args, kwargs) -> None:
+        """The global post-hook: the first optimizer step seen wraps that optimizer's
+        `step` (this step itself ends nothing; see `_after_optimizer_step`)."""
+        import weakref
+
+        hook, self._opt_hook = self._opt_hook, None
+        if hook is not None:
+            hook.remove()
+        if self.step_source == "explicit" or not self._running:
+            return
+        self._optimizer_steps_seen = 1
+        before = optimizer.__dict__.get("step")
+        inner = optimizer.step  # the bound method, or a scheduler's wrapper of it
+        session = self
+
+        def step(*a, **k):
+            out = inner(*a, **k)
+            session._after_optimizer_step()
+            return out
+
+        optimizer.__dict__["step"] = step
+        self._wrapped_optimizer = (weakref.ref(optimizer), step, before)
+
+    def _after_optimizer_step(self) -> None:
+        """After the wrapped optimizer's step has returned.
 
         A loop that calls `sess.step()` after `opt.step()` must get exactly the steps it
         asks for, so the first optimizer step ends nothing: the session waits for a
@@ -405,13 +444,7 @@ class Session:
         provisionally) is dropped, step 2 starts, and from then on step N ends at the
         (N+1)-th optimizer step, so the schedule's numbers mean what they say.
         """
-        import weakref
-
         if self.step_source == "explicit" or not self._running:
-            return
-        if self._step_optimizer is None:
-            self._step_optimizer = weakref.ref(optimizer)
-        elif self._step_optimizer() is not optimizer:
             return
         if self.step_source == "pending":
             self._optimizer_steps_seen += 1
