@@ -17,7 +17,6 @@ import argparse
 import os
 import sys
 
-from tessera_tb.exporters.html_report import write_report
 from tessera_tb.importers.kineto_import import parse_steps
 from tessera_tb.trace import layout
 from tessera_tb.trace.errors import TraceFormatError
@@ -50,6 +49,13 @@ def run(args: argparse.Namespace) -> int:
         steps = sorted(parse_steps(args.steps)) if args.steps else None
         for w in workers or []:
             trace.worker(w)
+        # plotly (inlined into the file) is loaded here, not by `diff`, which shares this
+        # module's open_run_argument.
+        try:
+            from tessera_tb.exporters.html_report import write_report
+        except ModuleNotFoundError as exc:
+            raise ValueError(f"the HTML report needs {exc.name} (pip install plotly)") from None
+
         size = write_report(trace, args.output, workers, steps, name=args.title)
     except (TraceFormatError, KeyError, ValueError, OSError) as exc:
         print(f"tessera-prof html: error: {exc}", file=sys.stderr)
