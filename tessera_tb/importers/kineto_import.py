@@ -325,7 +325,7 @@ def nvml_file_of(files: list[str], worker: str) -> str | None:
 
 def default_jobs() -> int:
     """Workers imported at once when not told: the CPUs, at most 4 (past that the threads
-    mostly wait for the GIL, and every one holds a whole trace in memory)."""
+    mostly wait for the GIL, and every one holds its trace's columns and steps in memory)."""
     return max(1, min(4, os.cpu_count() or 1))
 
 
@@ -400,7 +400,8 @@ def import_traces(
 
     `jobs`: how many workers (ranks) to import at once, in threads (0: as many as there are
     workers, at most `default_jobs()`). The gunzip, the C scanner, compression and file
-    writes run without the GIL, so several ranks overlap; each holds its trace in memory.
+    writes run without the GIL, so several ranks overlap; each holds its trace's columns and
+    steps in memory (about the size of its JSON text; the text itself is streamed).
 
     `dask`: a Dask scheduler (`tcp://host:8786`, or `local:N` for N worker processes on this
     machine) that imports one worker per task instead (`dask_import`); `jobs` is then
