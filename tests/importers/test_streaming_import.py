@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import threading
 
 import pytest
 
@@ -118,6 +119,8 @@ def test_damage_in_the_middle_of_a_large_stream_leaves_nothing(damage, tmp_path,
     assert sum(seen) > len(text) / 3
     assert file_contents(logdir / "run") == before
     assert sorted(os.listdir(logdir)) == ["run"]
+    # The gunzip thread stopped with the import.
+    assert not [t for t in threading.enumerate() if t.name == "tessera-gunzip"]
 
 
 def test_multi_member_gzip_and_zero_padding_read_as_one_text(tmp_path, monkeypatch):
