@@ -331,11 +331,26 @@ def default_steps(run: Run, worker: str) -> str:
     return f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
 
 
+def _devices_used(run, worker: str) -> set[int] | None:
+    """Ids of the devices `worker`'s steady-state step ran GPU work on; None when that is not
+    known (no steps, an unreadable step, or no GPU track: then every listed device counts)."""
+    if not run.workers[worker].steps:
+        return None
+    try:
+        step = run.load_step(worker, steady_state_step(run, worker))
+    except Exception:  # a corrupt step: the header still answers
+        return None
+    used = {t.device for t in step.tracks if t.kind == "device_stream" and t.device >= 0}
+    return used or None
+
+
 def run_header(index: RunIndex, entry: RunEntry) -> dict:
     """GPU model, clocks, framework versions and what data is missing and why.
 
-    Devices are counted per model over distinct (host, device id) of all workers. Clocks are
-    the medians of the NVML `sm_clock_mhz` / `mem_clock_mhz` counter tracks in the first
+    Devices are counted per model over distinct (host, device id) of all workers, counting
+    only the devices a worker ran GPU work on (its steady-state step's device streams): a
+    trace lists every GPU the process could see (`deviceProperties`), one per worker used.
+    Clocks are the medians of the NVML `sm_clock_mhz` / `mem_clock_mhz` counter tracks in the first
     worker's steady-state step
     (null when NVML was not sampled; `missing` then says why). `missing` lists every
     capability (WorkerMeta and Step) whose status is not `ok`, with its reason and workers.
@@ -347,7 +362,10 @@ def run_header(index: RunIndex, entry: RunEntry) -> dict:
     seen: set[tuple[str, int]] = set()
     for w in workers:
         meta = run.workers[w].meta
+        used = _devices_used(run, w)
         for d in meta.devices:
+            if used is not None and d.id not in used:  # listed by the source, never ran on
+                continue
             if (meta.host, d.id) in seen:  # workers of one host list the same devices
                 continue
             seen.add((meta.host, d.id))

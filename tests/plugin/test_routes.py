@@ -93,6 +93,23 @@ def test_header_shows_gpu_model_clocks_versions_and_missing_data(tb_url):
 
 
 @pytest.mark.parametrize(
+    ("run", "gpus"), [("gpt_1gpu", 1), ("ddp_gpt_2rank", 2), ("fsdp_gpt_4rank", 4)]
+)
+def test_header_counts_the_gpus_the_workers_ran_on_not_every_listed_one(tb_url, run, gpus):
+    header = get_json(tb_url, "header", run=run)
+    trace = open_run(os.path.join(DEMO_RUNS, run))
+    # Independent count: the distinct (host, device) of GPU streams in every step of every worker.
+    used = set()
+    for w, step in trace.iter_steps():
+        host = trace.workers[w].meta.host
+        used |= {(host, t.device) for t in step.tracks if t.kind == "device_stream"}
+    assert len(used) == gpus
+    assert [d["count"] for d in header["devices"]] == [gpus]
+    if run == "gpt_1gpu":  # its trace lists both GPUs of the machine, one of which it used
+        assert len(_meta(run, "worker0").devices) == 2
+
+
+@pytest.mark.parametrize(
     ("route", "params", "status"),
     [
         ("header", {"run": "no_such_run"}, 404),
