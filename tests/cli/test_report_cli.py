@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from tessera_tb.backend import topk
 from tessera_tb.trace import open_run
 from tests.conftest import DEMO_RUNS, ROOT, tessera_prof
@@ -56,3 +58,25 @@ def test_report_findings_list_their_deep_links():
     link = lines[lines.index("where to look (TensorBoard tab, URL hash):") + 1].strip()
     assert link.startswith("1. #tessera&t.run=unaligned_gemm_problem&t.workers=worker0")
     assert "&t.steps=2-4&t.view=kernels&t.q=void%20cutlass%3A%3AKernel2%3Ccutlass_75" in link
+
+
+def test_report_of_a_run_captured_without_a_gpu_prints_every_section(tmp_path):
+    """A CPU-only capture has no device for roofs: the roofline section says so, the
+    report goes on and exits 0 (it used to stop at the roofline with exit 2)."""
+    torch = pytest.importorskip("torch")
+    from tessera import profile
+
+    model = torch.nn.Linear(32, 32)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run_dir = str(tmp_path / "cpu")
+    with profile.session(record_shapes=True, tensorboard_dir=run_dir):
+        for _ in range(6):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+    proc = _report(run_dir)
+    assert proc.returncode == 0, proc.stderr
+    assert "== memory" in proc.stdout
+    assert "(no roofline: worker worker0 records no device" in proc.stdout
+    bad_arch = _report(run_dir, "--section", "roofline", "--arch", "no-such-gpu")
+    assert bad_arch.returncode == 2 and "no-such-gpu" in bad_arch.stderr

@@ -132,7 +132,14 @@ def _sections(run, args) -> dict:
         return out, ""
 
     def roofline():
-        t = analyze.roofline(run, arch=args.arch, workers=w, steps=s)
+        try:
+            t = analyze.roofline(run, arch=args.arch, workers=w, steps=s)
+        except ValueError as exc:
+            if args.arch:  # a device the user named and we do not know: a usage error
+                raise
+            # A run without a GPU (CPU-only capture) has no device to draw roofs for; the
+            # other sections still have something to say.
+            return pd.DataFrame(), f"(no roofline: {exc})"
         t = t[t["flops_source"] != "none"].sort_values("headroom_ms", ascending=False).head(k)
         out = t[["kernel_name", "flops_source", "count"]].copy()
         out["kernel_name"] = out["kernel_name"].str.slice(0, 50)
