@@ -81,7 +81,7 @@ def op_labels(step: StepData, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray,
     names = np.where(
         owner >= 0, step.string_values(step.events["name_id"][np.maximum(owner, 0)]), ""
     )
-    dims = step.attr("Input Dims").reindex(owner).fillna("").to_numpy(object)
+    dims = step.attr("Input Dims").reindex(owner).fillna("").to_numpy(object, copy=True)
     dims[owner < 0] = ""
     return owner, names.astype(object), dims
 
