@@ -50,6 +50,8 @@ setup(
         "gcs": ["fsspec>=2023.6", "gcsfs>=2023.6"],
         # Import and cross-rank analyses on a Dask cluster (--dask, analyze.*(dask=...)).
         "dask": ["dask[distributed]>=2024.1"],
+        # OpenTelemetry export (profile.otlp, tessera-prof export --otlp).
+        "otlp": ["opentelemetry-sdk>=1.30", "opentelemetry-exporter-otlp-proto-http>=1.30"],
         # playwright drives the system's Chromium (apt-get install chromium) in the plugin's
         # browser tests; it never downloads a browser of its own here. moto runs a local
         # S3-compatible server for the s3:// tests (boto3 is what TensorBoard reads S3 with).
@@ -64,6 +66,10 @@ setup(
             "dask[distributed]>=2024.1",
             # The NVML sampler's "no driver" path is tested on machines without a GPU.
             "nvidia-ml-py",
+            # OTLP export, and the test receiver's decoding of the payloads.
+            "opentelemetry-sdk>=1.30",
+            "opentelemetry-exporter-otlp-proto-http>=1.30",
+            "opentelemetry-proto>=1.30",
         ],
     },
     entry_points={

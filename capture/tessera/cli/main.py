@@ -32,6 +32,7 @@ _COMMANDS: dict[str, tuple[str, str]] = {
         "diff_cmd",
         "compare a run against a baseline run (exit 1 with --fail-if-slower when slower)",
     ),
+    "export": ("export_cmd", "export a run (OpenTelemetry: --otlp)"),
 }
 
 

@@ -20,7 +20,7 @@ docs/CAPTURE.md describes the API, the schedule, what each activity needs, caps,
 behaviour, exporters and the portable records. Importing this package does not import torch.
 """
 
-from tessera.profile.exporters import chrome, summary
+from tessera.profile.exporters import chrome, otlp, summary
 from tessera.profile.failures import TesseraWarning
 from tessera.profile.scheduling import Schedule, schedule
 from tessera.profile.session import Session, session
@@ -33,6 +33,7 @@ __all__ = [
     "chrome",
     "counter",
     "mark",
+    "otlp",
     "region",
     "schedule",
     "session",
