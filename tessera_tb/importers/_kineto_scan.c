@@ -873,7 +873,47 @@ typedef struct {
     Buf top_text; /* the other top-level members' values, back to back */
     int64_t offset; /* bytes of the trace before pending */
     int state, bare;
+    size_t window; /* events starting this close to the end of the text are checked whole */
 } Stream;
+
+/* Where the columns stood before an event: an event cut by the end of a chunk is undone. */
+typedef struct {
+    size_t arg_ev, arg_key, arg_type, arg_val, key_sids, arena;
+    int32_t strings;
+} Mark;
+
+static void stream_mark(Scan *s, Mark *m) {
+    m->arg_ev = s->arg_ev.len, m->arg_key = s->arg_key.len, m->arg_type = s->arg_type.len;
+    m->arg_val = s->arg_val.len, m->key_sids = s->key_sids.len;
+    m->arena = s->strs.arena.len, m->strings = s->strs.count;
+}
+
+/* Undo what a cut event added: its arguments, its new args keys and its new strings (the
+ * string table is rebuilt: rare, only for an event longer than the window). */
+static void stream_undo(Scan *s, const Mark *m) {
+    s->arg_ev.len = m->arg_ev, s->arg_key.len = m->arg_key, s->arg_type.len = m->arg_type;
+    s->arg_val.len = m->arg_val;
+    int32_t *map = (int32_t *)s->key_of_sid.p;
+    const int32_t *sids = (const int32_t *)s->key_sids.p;
+    for (size_t k = m->key_sids / sizeof(int32_t); k < s->key_sids.len / sizeof(int32_t); k++)
+        map[sids[k]] = -1;
+    s->key_sids.len = m->key_sids;
+    Interner *in = &s->strs;
+    if (in->count == m->strings) return;
+    in->count = m->strings;
+    in->arena.len = m->arena;
+    in->offs.len = in->lens.len = (size_t)m->strings * sizeof(size_t);
+    memset(in->table, 0, (in->mask + 1) * sizeof(int32_t));
+    const size_t *offs = (const size_t *)in->offs.p;
+    const size_t *lens = (const size_t *)in->lens.p;
+    for (int32_t id = 0; id < in->count; id++) {
+        uint64_t h = hash_bytes(in->arena.p + offs[id], lens[id]);
+        size_t j = h & in->mask;
+        while (in->table[j]) j = (j + 1) & in->mask;
+        in->table[j] = id + 1;
+        in->hashes[j] = h;
+    }
+}
 
 /* Reads what it can of pending; 0, or -1 on an error (s->why or s->nomem says which). With
  * `final`, the text is all there: a unit that does not end is an error. */
@@ -967,13 +1007,33 @@ static int stream_run(Stream *st, int final) {
                 continue;
             }
             if (c != '{') return fail(s, "event is not an object");
-            const char *e = value_end(s->p, s->end);
-            if (!e && !final) break; /* the event is cut: wait for the rest */
+            /* Near the end of the text an event's end is found first (a cut one waits for
+             * the next chunk); further in it is read at once, and undone if the end of the
+             * text cuts it after all (an event longer than the window). */
+            const char *start = s->p, *e = NULL;
+            int direct = !final && (size_t)(s->end - s->p) > st->window;
+            Mark m;
+            if (direct) {
+                stream_mark(s, &m);
+            } else {
+                e = value_end(s->p, s->end);
+                if (!e && !final) break; /* the event is cut: wait for the rest */
+            }
             const char *end = s->end;
             if (e) s->end = e; /* the event alone: nothing past it is read */
             int rc = read_event(s);
             s->end = end;
-            if (rc) return -1;
+            if (rc) {
+                if (direct && !s->nomem && !value_end(start, s->end)) {
+                    stream_undo(s, &m);
+                    s->why[0] = 0;
+                    s->p = start;
+                    break;
+                }
+                return -1;
+            }
+            if (direct && (size_t)(s->p - start) * 4 > st->window)
+                st->window = (size_t)(s->p - start) * 4;
             if (s->n == INT32_MAX - 1) return fail(s, "too many events");
             s->n++;
             st->state = ST_EV_AFTER;
@@ -1125,7 +1185,13 @@ static void stream_free(Stream *st) {
 }
 
 static int Scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds) {
-    if (!PyArg_ParseTuple(args, ":Scanner")) return -1;
+    static char *kwlist[] = {"window", NULL};
+    Py_ssize_t window = 1 << 20;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:Scanner", kwlist, &window)) return -1;
+    if (window < 0) {
+        PyErr_SetString(PyExc_ValueError, "window must be >= 0");
+        return -1;
+    }
     stream_free(self->st);
     self->done = 0;
     self->st = calloc(1, sizeof *self->st);
@@ -1133,6 +1199,7 @@ static int Scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds) {
         PyErr_NoMemory();
         return -1;
     }
+    self->st->window = (size_t)window;
     Scan *s = &self->st->s;
     s->events_start = s->events_end = -1;
     if (intern(&s->strs, "", 0) != 0 || (s->zero_id = intern(&s->strs, "0", 1)) != 1) {
@@ -1215,9 +1282,11 @@ static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_kineto_scan.Scanner",
     .tp_basicsize = sizeof(ScannerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Scanner(): scan_events over a trace given in chunks (feed, then finish); the "
-              "same columns as one call on the whole text, holding only the columns and the "
-              "cut unit at the end of the last chunk.",
+    .tp_doc = "Scanner(window=1 MiB): scan_events over a trace given in chunks (feed, then "
+              "finish); the same columns as one call on the whole text, holding only the "
+              "columns and the cut unit at the end of the last chunk. Events starting within "
+              "`window` bytes of a chunk's end are checked whole before they are read; "
+              "further in they are read at once and undone when cut (0: undo every cut one).",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)Scanner_init,
     .tp_dealloc = (destructor)Scanner_dealloc,
