@@ -110,6 +110,22 @@ class App {
     await this.showHeader();
     await this.showView();
     setInterval(() => this.pollListing(), LISTING_POLL_MS);
+    // A link entered or pasted into the open tab (only the hash differs) changes the view
+    // in place; the page does not reload for it.
+    stateWindow().addEventListener("hashchange", () => this.followHash());
+  }
+
+  /** Take the state from the URL's hash when it differs from what is on screen. */
+  followHash() {
+    const next = readState();
+    const same = STATE_KEYS.every((k) => (next[k] ?? "") === (this.state[k] ?? ""));
+    if (same) return;
+    const runChanged = (next.run ?? "") !== (this.state.run ?? "");
+    this.state = next;
+    this.normalizeState();
+    this.fillSelectors();
+    if (runChanged) this.showHeader();
+    this.showView();
   }
 
   async pollListing() {

@@ -155,3 +155,25 @@ def test_html_in_a_kernel_name_is_escaped_in_plotly_hover_text(tab):
     assert "<img src=x onerror=alert(2)><b>kernel</b>" in text
     assert f.locator("img").count() == 0
     tab.assert_clean()
+
+
+def test_a_link_entered_into_the_open_tab_switches_view_and_run_without_a_reload(tab):
+    tab.open(run="gpt_1gpu", view="overview")
+    f = tab.frame
+    f.evaluate("window.__sameDocument = true")  # gone if the frame reloads
+    base = tab.page.url.split("#", 1)[0]
+    # A teammate's link: same page, the hash names another view (a same-document navigation).
+    tab.page.goto(f"{base}#tessera&t.run=gpt_1gpu&t.view=timeline")
+    tab.wait_ready("timeline")
+    assert f.locator("nav.views button.active").inner_text() == "Timeline"
+    assert f.evaluate("window.__sameDocument") is True
+    # Another run and view: the selectors and the header follow.
+    tab.page.goto(f"{base}#tessera&t.run=ddp_gpt_2rank&t.view=kernels")
+    tab.wait_ready("kernels")
+    assert f.locator(".run-select").input_value() == "ddp_gpt_2rank"
+    assert f.locator("nav.views button.active").inner_text() == "Kernels"
+    f.wait_for_function(
+        "document.querySelector('.run-header').innerText.includes('2 × NVIDIA H200')"
+    )
+    assert f.evaluate("window.__sameDocument") is True
+    tab.assert_clean()
