@@ -765,12 +765,16 @@ class Session:
 
 
 def _step_list(steps: Sequence[int]) -> str:
-    """`2-4` for a contiguous run of step numbers, else `1, 3, 5` (at most 8 shown)."""
-    steps = sorted(steps)
-    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
-        return f"{steps[0]}-{steps[-1]}"
-    shown = ", ".join(str(s) for s in steps[:8])
-    return shown + (f", ... ({len(steps)} steps)" if len(steps) > 8 else "")
+    """`2-4` for a run of consecutive steps, `12-14, 17-19` for several (at most 8 shown)."""
+    runs: list[list[int]] = []
+    for s in sorted(steps):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    parts = [f"{a}-{b}" if b > a else str(a) for a, b in runs]
+    shown = ", ".join(parts[:8])
+    return shown + (f", ... ({len(steps)} steps)" if len(parts) > 8 else "")
 
 
 def session(
