@@ -331,6 +331,37 @@ function heatmapTrace(h, metricLabel) {
   };
 }
 
+// Smallest colour range of the rank x step heatmap, in % from the median: a spread of a few
+// percent (264-270 GB/s) stays one colour; a rank 10% off or more stands out.
+const RANK_STEP_MIN_RANGE_PCT = 10;
+
+/** The rank x step heatmap coloured by each cell's difference from the median of all cells
+ * (%, diverging scale centred on 0, at least ±RANK_STEP_MIN_RANGE_PCT), so that uniform reads
+ * as uniform; the hover shows the value itself. Raw values where the median is 0. */
+function rankStepTrace(h, metricLabel) {
+  const trace = heatmapTrace(h, metricLabel);
+  const values = h.z.flat().filter((v) => v !== null && Number.isFinite(v)).sort((a, b) => a - b);
+  if (!values.length) return trace;
+  const mid = values.length >> 1;
+  const median = values.length % 2 ? values[mid] : (values[mid - 1] + values[mid]) / 2;
+  if (!(median > 0)) return trace;
+  const pct = h.z.map((row) => row.map((v) => (v === null ? null : (100 * (v - median)) / median)));
+  const spread = Math.max(RANK_STEP_MIN_RANGE_PCT, ...pct.flat().filter((v) => v !== null).map(Math.abs));
+  return {
+    ...trace,
+    z: pct,
+    customdata: h.z,
+    zmid: 0,
+    zmin: -spread,
+    zmax: spread,
+    colorscale: "RdBu",
+    colorbar: { title: { text: `% vs median<br>${median.toPrecision(4)}` } },
+    hovertemplate:
+      `%{y} · %{x}<br>${metricLabel} (${h.value_column}): %{customdata}` +
+      `<br>%{z:+.1f}% vs the median ${median.toPrecision(4)}<extra></extra>`,
+  };
+}
+
 async function collectivesView(box, ctx) {
   const metric = ctx.state.metric || "busbw";
   const data = await ctx.fetch("collectives", { metric });
@@ -380,7 +411,7 @@ async function collectivesView(box, ctx) {
     height: 300,
     margin: { l: 120, b: 90, t: 10 },
   });
-  await newPlot(ctx, rankStep, [heatmapTrace(data.heatmaps.rank_step, label)], {
+  await newPlot(ctx, rankStep, [rankStepTrace(data.heatmaps.rank_step, label)], {
     height: 300,
     xaxis: { title: { text: "step" }, type: "category" },
     yaxis: { title: { text: "rank" }, type: "category" },

@@ -77,3 +77,27 @@ def test_stalls_without_counters_show_the_collect_command(tab):
     assert command.startswith("tessera-prof counters ") and "smsp__inst_issued.sum" in command
     tab.screenshot("stalls_no_counters")
     tab.assert_clean()
+
+
+def test_rank_step_heatmap_colours_the_difference_from_the_median(tab, tb_url):
+    """A few percent of spread stays one colour band; the range is never under ±10%."""
+    tab.open(run="fsdp_gpt_4rank", view="collectives", metric="busbw")
+    f = tab.frame
+    answer = get_json(tb_url, "collectives", run="fsdp_gpt_4rank", metric="busbw")
+    raw = [v for row in answer["heatmaps"]["rank_step"]["z"] for v in row if v is not None]
+    raw.sort()
+    n = len(raw)
+    median = raw[n // 2] if n % 2 else (raw[n // 2 - 1] + raw[n // 2]) / 2
+    trace = f.evaluate(
+        "() => { const t = document.querySelector('.heatmap-rank-step').data[0]; "
+        "return {z: t.z, raw: t.customdata, zmin: t.zmin, zmax: t.zmax, zmid: t.zmid}; }"
+    )
+    assert trace["raw"] == answer["heatmaps"]["rank_step"]["z"]
+    for zrow, rrow in zip(trace["z"], trace["raw"]):
+        for z, r in zip(zrow, rrow):
+            if r is not None:
+                assert abs(z - 100 * (r - median) / median) < 1e-9
+    spread = max(abs(100 * (v - median) / median) for v in raw)
+    assert trace["zmid"] == 0
+    assert trace["zmax"] == -trace["zmin"] == max(10, spread)
+    tab.assert_clean()
