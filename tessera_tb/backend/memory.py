@@ -324,3 +324,44 @@ def allocation_table(
     )
     out["lifetime_ns"] = out["free_ts_ns"] - out["alloc_ts_ns"]
     return out.sort_values(["worker", "alloc_ts_ns"], kind="stable").reset_index(drop=True)
+
+
+# Level of detail of the curves: the timeline's rule (backend/timeline.py) and its cap.
+DEFAULT_MAX_POINTS = 5000
+
+
+def curve_level_of_detail(
+    curves: pd.DataFrame, t0_ns: int, t1_ns: int, max_points: int = DEFAULT_MAX_POINTS
+) -> tuple[pd.DataFrame, int]:
+    """The rows of `memory_timeline` to draw, and the resolution used (ns; 0: every row).
+
+    At most `max_points` rows: every row while they fit; otherwise the window [t0_ns, t1_ns)
+    is cut into bins of r ns (as the timeline's level of detail), r the smallest that fits, and
+    each (worker, device) keeps, per bin, its first and last row and the rows of its highest
+    and lowest allocated bytes (net bytes where allocated is not recorded): every peak is
+    drawn at its height and time, and the curve between bins is the same step function.
+    """
+    if max_points < 4:
+        raise ValueError("max_points must be at least 4")
+    n = len(curves)
+    if n <= max_points:
+        return curves, 0
+    series = curves.groupby(["worker", "device_type", "device_id"], sort=False).ngroup()
+    n_series = int(series.max()) + 1
+    bins = max(1, max_points // (4 * n_series))
+    res = max(1, -(-(int(t1_ns) - int(t0_ns)) // bins))
+    b = np.clip((curves["ts_ns"].to_numpy(dtype=np.int64) - int(t0_ns)) // res, 0, bins - 1)
+    value = curves["allocated_bytes"].astype("Float64").fillna(curves["net_bytes"]).astype(float)
+    df = pd.DataFrame({"s": series.to_numpy(), "b": b, "v": value.to_numpy(), "pos": np.arange(n)})
+    g = df.groupby(["s", "b"], sort=False)
+    keep = np.unique(
+        np.concatenate(
+            [
+                g["pos"].first().to_numpy(),
+                g["pos"].last().to_numpy(),
+                df.loc[g["v"].idxmax(), "pos"].to_numpy(),
+                df.loc[g["v"].idxmin(), "pos"].to_numpy(),
+            ]
+        )
+    )
+    return curves.iloc[keep].reset_index(drop=True), res

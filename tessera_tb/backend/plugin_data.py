@@ -1041,17 +1041,31 @@ def _with_offsets(df: pd.DataFrame, origin_ns: int, columns: Iterable[str]) -> p
     return df
 
 
-@view("memory")
+def _memory_max_items(text: str | None) -> int:
+    from tessera_tb.backend.memory import DEFAULT_MAX_POINTS
+
+    n = int(text) if text else DEFAULT_MAX_POINTS
+    if not 4 <= n <= 100_000:
+        raise ValueError(f"max_items must be 4 to 100000, not {n}")
+    return n
+
+
+@view("memory", params=("max_items",))
 def memory_view(run: Run, sel: Selection) -> dict:
-    """Allocated/reserved curves per (worker, device) (`memory.memory_timeline`), the peak
-    with its op and stack (`memory.memory_peaks`) and the allocation table
-    (`memory.allocation_table`, largest first). Epoch times also as offsets from the origin
-    of the selected steps (`timeline_origin_ns`)."""
+    """Allocated/reserved curves per (worker, device) (`memory.memory_timeline`) with level
+    of detail (`memory.curve_level_of_detail`: at most `max_items` rows, default the
+    timeline's 5000; `curve_rows` and `resolution_ns` say what was merged), the peak with its
+    op and stack (`memory.memory_peaks`) and the allocation table (`memory.allocation_table`,
+    largest first). Epoch times also as offsets from the origin of the selected steps
+    (`timeline_origin_ns`)."""
     from tessera_tb.backend import memory
 
     workers, steps = list(sel.workers), list(sel.steps)
     origin, end = timeline_origin_ns(run, steps)
-    curves = _with_offsets(memory.memory_timeline(run, workers, steps), origin, ["ts_ns"])
+    max_items = _compute(lambda: _memory_max_items(sel.param("max_items")))
+    full = memory.memory_timeline(run, workers, steps)
+    drawn, res = memory.curve_level_of_detail(full, origin, end, max_items)
+    curves = _with_offsets(drawn, origin, ["ts_ns"])
     peaks = _with_offsets(memory.memory_peaks(run, workers, steps), origin, ["peak_ts_ns"])
     allocs = memory.allocation_table(run, workers, steps)
     allocs = _with_offsets(allocs, origin, ["alloc_ts_ns", "free_ts_ns"])
@@ -1059,6 +1073,8 @@ def memory_view(run: Run, sel: Selection) -> dict:
     return {
         "origin_ns": str(origin),
         "extent_ns": end - origin,
+        "curve_rows": len(full),
+        "resolution_ns": res,
         "tables": {"curves": curves, "peaks": peaks, "allocations": allocs},
         "whole_tables": ["curves"],
     }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -189,6 +190,30 @@ def test_memory_peak_is_the_highest_total_allocated_of_the_step_files(tb_url):
     assert curves["total_rows"] == len(curves["data"][0])  # curves are never cut
     n_memory = sum(int((s.events["kind"] == KIND["memory"]).sum()) for _, s in run.iter_steps())
     assert curves["total_rows"] == n_memory
+
+
+def test_memory_curves_have_level_of_detail_under_the_timelines_cap(tb_url):
+    run = _run("fsdp_gpt_4rank")
+    # Independent truth from the step files: the [memory] events and each worker's peak.
+    n_memory, peaks = 0, {}
+    for w, step in run.iter_steps():
+        n_memory += int((step.events["kind"] == KIND["memory"]).sum())
+        total = step.attr("Total Allocated")
+        if len(total):
+            peaks[w] = max(peaks.get(w, 0), int(total.max()))
+    for max_items in (None, 200):
+        params = {} if max_items is None else {"max_items": max_items}
+        status, body, _ = http_get(route_url(tb_url, "memory", run="fsdp_gpt_4rank", **params))
+        assert status == 200 and len(body) <= 2_000_000
+        got = json.loads(body)
+        curves = rows(got["tables"]["curves"])
+        assert got["curve_rows"] == n_memory > len(curves)
+        assert len(curves) <= (max_items or 5000)
+        assert got["resolution_ns"] > 0
+        for w, peak in peaks.items():  # every peak is drawn at its height
+            assert max(r["allocated_bytes"] for r in curves if r["worker"] == w) == peak
+    status, _, _ = http_get(route_url(tb_url, "memory", run="fsdp_gpt_4rank", max_items=2))
+    assert status == 400
 
 
 def _counter_kernel_names(run_name: str, worker: str) -> set[str]:
