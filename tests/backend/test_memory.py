@@ -19,6 +19,7 @@ from tessera_tb.backend.memory import (
     python_stack,
 )
 from tessera_tb.trace import open_run
+from tessera_tb.trace.step import KIND
 from tests.backend.test_breakdown import RESNET_2021, ns
 from tests.conftest import DEMO_RUNS, SHARED_TRACES
 
@@ -175,3 +176,45 @@ def test_without_total_allocated_the_peak_is_the_net_bytes_peak(imported_runs):
     assert table["size_bytes"].sum() == sum(
         e["args"]["Bytes"] for _, e in memory if e["args"]["Bytes"] > 0
     )
+
+
+def test_memory_route_of_a_scaled_step_stays_under_the_cap_and_keeps_the_peak(tmp_path):
+    """The GPT trace tiled 16 times into one step (bench/scale_trace.py): ~21k [memory]
+    events in one step; the route answers at most 5000 curve rows, the peak among them."""
+    import sys
+
+    from tessera_tb.backend import plugin_data
+    from tessera_tb.backend.run_index import RunIndex
+    from tessera_tb.importers.kineto_import import import_traces
+    from tests.conftest import ROOT, SHARED_TRACES
+
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    try:
+        from scale_trace import scale_trace
+    finally:
+        sys.path.pop(0)
+    src_dir = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
+    (src,) = [f for f in os.listdir(src_dir) if f.endswith(".json.gz")]
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    scale_trace(
+        os.path.join(src_dir, src),
+        str(raw / "worker0.1.pt.trace.json.gz"),
+        16,
+        one_step=True,
+        level=1,
+    )
+    import_traces([str(raw)], str(tmp_path / "logdir"), "big")
+    run = open_run(str(tmp_path / "logdir" / "big"))
+    (step,) = run.steps
+    events = run.load_step("worker0", step)
+    n_memory = int((events.events["kind"] == KIND["memory"]).sum())
+    peak = int(events.attr("Total Allocated").max())
+    body = plugin_data.view_json(RunIndex(str(tmp_path / "logdir"), 60), "memory", {"run": "big"})
+    got = json.loads(body)
+    assert len(body) <= 2_000_000
+    assert got["curve_rows"] == n_memory > 20_000
+    curves = got["tables"]["curves"]
+    assert curves["total_rows"] <= 5000
+    i = curves["columns"].index("allocated_bytes")
+    assert max(v for v in curves["data"][i] if v is not None) == peak
