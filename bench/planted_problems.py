@@ -76,8 +76,10 @@ def fp32_matmul(fixed: bool):
 
 
 def item_sync(fixed: bool):
-    layers = nn.ModuleList(nn.Linear(2048, 2048) for _ in range(12)).to(DEV)
-    x = torch.randn(4096, 2048, device=DEV)
+    # Large enough that the fixed step is GPU-bound even with Python stacks recorded: the
+    # sync's cost is then the GPU idle it causes, not host time spent around it.
+    layers = nn.ModuleList(nn.Linear(4096, 4096) for _ in range(12)).to(DEV)
+    x = torch.randn(8192, 4096, device=DEV)
 
     def step():
         h = x

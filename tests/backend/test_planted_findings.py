@@ -33,11 +33,14 @@ from tests.conftest import ROOT
 PLANTED = os.path.join(ROOT, "tests", "data", "planted")
 H100 = device_peaks("NVIDIA H100 80GB HBM3")
 
-# The one planted problem whose prediction misses: `.item()` per layer. The finding predicts the
-# GPU idle after each sync (1.1 ms per step); removing the NaN check also removes the host time
-# of the isnan/any ops that feed it, which the profiled, host-bound step shows as 3.7 ms (the
-# profiler-free steps differ by 1.6 ms, within the band). Two generic host-idle findings
-# (7.2 ms, 2.6 ms) rank above it. Strict: these start failing when the model is improved.
+# The one planted problem whose prediction misses the band: `.item()` per layer (12 layers of
+# 4096 x 4096 on 8192 tokens, so the fixed step is GPU-bound). The finding predicts the GPU idle
+# from each sync's drain point to the next device work (0.88 ms per step) and ranks second,
+# after the generic host-bound idle (1.69 ms); the profiled step spans differ by 2.55 ms,
+# because after each sync the host stays behind the GPU for the small relu/isnan/any kernels of
+# the next layer, whose gaps the rule does not count, and the check's own kernels go too. The
+# profiler-free steps differ by 1.15 ms, within the band. Strict: it fails once the model
+# counts those gaps.
 KNOWN_MISSES = {"item_sync"}
 
 
@@ -66,7 +69,7 @@ def mark_known(problem: str):
     return problem
 
 
-@pytest.mark.parametrize("problem", [mark_known(p) for p in PLANTED_KINDS])
+@pytest.mark.parametrize("problem", list(PLANTED_KINDS))
 def test_the_planted_problem_is_among_the_top_two_findings(problem, rows):
     assert rows[problem].rank is not None and rows[problem].rank <= 2
 
@@ -238,7 +241,12 @@ def test_a_timeline_link_zooms_to_the_first_syncs_of_the_median_step():
     state = dict(p.split("=", 1) for p in f["link"].split("&")[1:])
     origin = run.load_step("worker0", 2).start_ns  # one worker: its first step's start
     t0, t1 = origin + int(state["t.t0"]), origin + int(state["t.t1"])
-    median = run.load_step("worker0", 3)  # the step with the median host-sync win
+    wins = {
+        s: one(step_findings(run.load_step("worker0", s)), "host_sync")["win_ms_per_step"]
+        for s in run.steps
+    }
+    median_step = sorted(wins, key=wins.get)[len(wins) // 2]  # the link's step
+    median = run.load_step("worker0", median_step)
     df = median.frame()
     syncs = df[df["name"] == "cudaStreamSynchronize"].sort_values("start_ns")
     assert t0 < syncs["start_ns"].iloc[0] < syncs["start_ns"].iloc[2] < t1
