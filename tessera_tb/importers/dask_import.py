@@ -35,10 +35,9 @@ from tessera_tb.importers.kineto_import import (
     ImportResult,
     Progress,
     WorkerImport,
-    discover,
     import_worker,
     nvml_file_of,
-    worker_of_file,
+    select_workers_and_run,
 )
 from tessera_tb.trace import layout
 from tessera_tb.trace.errors import TraceFormatError
@@ -284,23 +283,7 @@ def import_traces_dask_to_url(
             "--overwrite of a run under a URL is not done on Dask (object stores cannot rename "
             "a run into place): delete the run first, or import without --dask"
         )
-    by_worker = discover(paths)
-    if workers is not None:
-        unknown = workers - set(by_worker)
-        if unknown:
-            raise ImportFailed(
-                f"no trace files for worker(s) {sorted(unknown)}; found {sorted(by_worker)}"
-            )
-        by_worker = {w: f for w, f in by_worker.items() if w in workers}
-    if nvml is not None and len(by_worker) != 1:
-        raise ImportFailed(f"--nvml names one file but {len(by_worker)} workers are imported")
-    if run is None:
-        first = paths[0].rstrip("/")
-        run = os.path.basename(first) if os.path.isdir(first) else worker_of_file(first)[0]
-    try:
-        layout.check_run_name(run)
-    except ValueError as exc:
-        raise ImportFailed(str(exc)) from None
+    by_worker, run = select_workers_and_run(paths, workers, nvml, run)
     run_url = remote.join(logdir_url, run)
     try:
         store = remote.files_for(logdir_url)

@@ -383,6 +383,32 @@ def _remove_empty_dirs(path: str, stop: str) -> None:
         path = os.path.dirname(path)
 
 
+def select_workers_and_run(
+    paths: list[str], workers: set[str] | None, nvml: str | None, run: str | None
+) -> tuple[dict[str, list[str]], str]:
+    """The trace files of each worker to import (those of `workers` when given) and the run's
+    name (`run`, else the directory's or the first file's worker name), checked. Raises
+    ImportFailed with a one-line message. Shared by the local and the Dask import."""
+    by_worker = discover(paths)
+    if workers is not None:
+        unknown = workers - set(by_worker)
+        if unknown:
+            raise ImportFailed(
+                f"no trace files for worker(s) {sorted(unknown)}; found {sorted(by_worker)}"
+            )
+        by_worker = {w: f for w, f in by_worker.items() if w in workers}
+    if nvml is not None and len(by_worker) != 1:
+        raise ImportFailed(f"--nvml names one file but {len(by_worker)} workers are imported")
+    if run is None:
+        first = paths[0].rstrip("/")
+        run = os.path.basename(first) if os.path.isdir(first) else worker_of_file(first)[0]
+    try:
+        layout.check_run_name(run)
+    except ValueError as exc:
+        raise ImportFailed(str(exc)) from None
+    return by_worker, run
+
+
 def import_traces(
     paths: list[str],
     logdir: str,
@@ -413,23 +439,7 @@ def import_traces(
     """
     t0 = time.perf_counter()
     progress = progress or (lambda _msg: None)
-    by_worker = discover(paths)
-    if workers is not None:
-        unknown = workers - set(by_worker)
-        if unknown:
-            raise ImportFailed(
-                f"no trace files for worker(s) {sorted(unknown)}; found {sorted(by_worker)}"
-            )
-        by_worker = {w: f for w, f in by_worker.items() if w in workers}
-    if nvml is not None and len(by_worker) != 1:
-        raise ImportFailed(f"--nvml names one file but {len(by_worker)} workers are imported")
-    if run is None:
-        first = paths[0].rstrip("/")
-        run = os.path.basename(first) if os.path.isdir(first) else worker_of_file(first)[0]
-    try:
-        layout.check_run_name(run)
-    except ValueError as exc:
-        raise ImportFailed(str(exc)) from None
+    by_worker, run = select_workers_and_run(paths, workers, nvml, run)
     dest = os.path.join(logdir, *run.split("/"))
     if os.path.exists(dest) and not overwrite:
         raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)")
