@@ -98,9 +98,13 @@ def main(argv: list[str]) -> int:
         data = [r for r in data if rx.search(function_name(r[name]))]
     if opts.get("--filter-mode") == ["per-launch-config"]:
         # FAKE_NCU_MODE=coarse: a configuration key without the function (grid, block only)
+        # The configuration key names the kernel by --kernel-name-base (default `function`:
+        # template instantiations share it), as ncu 2025.3 did on an H100.
+        base = opts.get("--kernel-name-base", ["function"])[-1]
         seen, kept = set(), []
         for r in data:
-            key = (r[grid], r[block]) if mode == "coarse" else (r[name], r[grid], r[block])
+            kernel = r[name] if base in ("demangled", "mangled") else function_name(r[name])
+            key = (r[grid], r[block]) if mode == "coarse" else (kernel, r[grid], r[block])
             if key not in seen:
                 seen.add(key)
                 kept.append(r)

@@ -87,8 +87,9 @@ def test_plan_counts_the_distinct_kernels_of_the_second_recorded_step(gpt2, resn
         block = step.attr("block").reindex(rows).to_numpy(object)
         assert len(set(zip(names, grid, block))) == distinct
         args = plan.filter_args()
-        assert args == ["--nvtx", "--nvtx-include", "tessera_step_3", "--filter-mode",
-                        "per-launch-config", "--launch-count", "1"]  # fmt: skip
+        assert args == ["--nvtx", "--nvtx-include", "tessera_step_3", "--kernel-name-base",
+                        "demangled", "--filter-mode", "per-launch-config", "--launch-count",
+                        "1"]  # fmt: skip
         all_plan = plan_counters(run, "worker0", all_launches=True, run_kernels=rk)
         assert all_plan.kernels_to_profile == launches
         assert "--filter-mode" not in all_plan.filter_args()
