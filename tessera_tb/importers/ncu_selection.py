@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera_tb.importers.kernel_names import kernel_base_name, kernel_name_key
-from tessera_tb.importers.ncu_attach import RunKernels, run_kernel_sequence
+from tessera_tb.importers.ncu_attach import RunKernels, launch_config, run_kernel_sequence
 from tessera_tb.nvtx_names import step_range_name
 from tessera_tb.trace.reader import Run
 
@@ -269,3 +269,26 @@ def _kernel_durations(run: Run, worker: str, rk: RunKernels) -> np.ndarray:
         st = run.load_step(worker, int(s))
         out[sel] = st.events["dur_ns"][rk.row[sel]]
     return out
+
+
+def kernel_counter_coverage(run_dir: str, worker: str) -> tuple[set[str], set[str]]:
+    """(the distinct kernels of the step `tessera-prof counters` profiles by default, those of
+    them without counters of their own launch), as join keys (`kernel_key`): what the command
+    reports as "distinct kernels with counters"."""
+    from tessera_tb.trace import open_run
+    from tessera_tb.trace.kernel_counters import MATCH_NAME, load_kernel_counters
+
+    run = open_run(run_dir)
+    plan = plan_counters(run, worker)
+    counters = load_kernel_counters(run_dir, worker)
+    own = (counters.match == MATCH_NAME) & (counters.step == plan.steps[0])
+    step = run.load_step(worker, plan.steps[0])
+    rows = counters.row[own]
+    config = launch_config(
+        step.attr("grid").reindex(rows).to_numpy(object),
+        step.attr("block").reindex(rows).to_numpy(object),
+    )
+    names = step.string_values(step.events["name_id"][rows])
+    covered = {kernel_key(n, c) for n, c in zip(names, config)}
+    wanted = {kernel_key(d.name, d.config) for d in plan.distinct}
+    return wanted, wanted - covered

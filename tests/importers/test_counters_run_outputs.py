@@ -11,11 +11,9 @@ import pytest
 
 from tessera import analyze
 from tessera.profile.records import kernel_records
-from tessera_tb.importers.ncu_attach import launch_config
-from tessera_tb.importers.ncu_selection import kernel_key, plan_counters
+from tessera_tb.importers.ncu_selection import kernel_counter_coverage
 from tessera_tb.trace import open_run
 from tessera_tb.trace.bundle import unpack_bundle
-from tessera_tb.trace.kernel_counters import MATCH_NAME, load_kernel_counters
 from tests.conftest import ROOT
 
 DATA = os.path.join(ROOT, "tests", "data", "counters_run")
@@ -28,28 +26,9 @@ def model_run(request, tmp_path_factory) -> tuple[str, str]:
     return request.param, run_dir
 
 
-def distinct_without_counters(run_dir: str) -> tuple[set[str], set[str]]:
-    """(distinct kernels of the profiled step, those without counters of their own), by the
-    join's key: spelling-independent name + grid and block."""
-    run = open_run(run_dir)
-    plan = plan_counters(run, "worker0")
-    counters = load_kernel_counters(run_dir, "worker0")
-    own = (counters.match == MATCH_NAME) & (counters.step == plan.steps[0])
-    step = run.load_step("worker0", plan.steps[0])
-    rows = counters.row[own]
-    config = launch_config(
-        step.attr("grid").reindex(rows).to_numpy(object),
-        step.attr("block").reindex(rows).to_numpy(object),
-    )
-    names = step.string_values(step.events["name_id"][rows])
-    covered = {kernel_key(n, c) for n, c in zip(names, config)}
-    wanted = {kernel_key(d.name, d.config) for d in plan.distinct}
-    return wanted, wanted - covered
-
-
 def test_every_distinct_kernel_of_the_step_has_its_own_counters(model_run):
     model, run_dir = model_run
-    wanted, missing = distinct_without_counters(run_dir)
+    wanted, missing = kernel_counter_coverage(run_dir, "worker0")
     if model == "gpt2":
         assert len(wanted) == 83 and missing == set()
     else:  # one cuDNN CUTLASS kernel whose name the trace keeps mangled (README.md)
