@@ -69,6 +69,23 @@ def file_contents(directory) -> dict[str, bytes]:
     return out
 
 
+def assert_same_files(got: dict[str, bytes], want: dict[str, bytes]) -> None:
+    """Two {path: bytes} maps (file_contents) are equal; else fails naming only what differs:
+    the paths on one side only and, per differing file, its sizes and first differing byte."""
+    lines = [f"only in got: {p}" for p in sorted(set(got) - set(want))]
+    lines += [f"only in want: {p}" for p in sorted(set(want) - set(got))]
+    for p in sorted(set(got) & set(want)):
+        a, b = got[p], want[p]
+        if a != b:
+            at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+            lines.append(
+                f"differs: {p} ({len(a)} vs {len(b)} bytes, first at byte {at}: "
+                f"{a[at : at + 16]!r} vs {b[at : at + 16]!r})"
+            )
+    if lines:
+        raise AssertionError(f"{len(lines)} file(s) differ:\n" + "\n".join(lines[:20]))
+
+
 def run_links_named(view: dict, run: str) -> dict:
     """`view` with its findings' deep links' run (`t.run=<run>`) replaced by `RUN`, so that two
     copies of one run under different names (a directory and its bundle) compare equal; fails if

@@ -24,7 +24,7 @@ from tessera_tb.trace.kernel_counters import (
     METHOD_NVTX_STEP,
     load_kernel_counters,
 )
-from tests.conftest import ROOT, file_contents, tessera_prof
+from tests.conftest import ROOT, assert_same_files, file_contents, tessera_prof
 
 DATA = os.path.join(ROOT, "tests", "data", "ncu_step")
 GPT2_CSV = os.path.join(DATA, "gpt2_step3_raw.csv.gz")
@@ -229,7 +229,7 @@ def test_each_error_is_one_line_with_the_fix_exit_2_and_the_run_untouched(
     before = file_contents(gpt2_run)
     out = tessera_prof("counters", *args, "--", *program, env=env)
     _assert_error(out, *needles)
-    assert file_contents(gpt2_run) == before
+    assert_same_files(file_contents(gpt2_run), before)
 
 
 def test_import_ncu_joins_a_csv_of_nvtx_steps_by_step_and_launch_order(tmp_path, gpt2_run):

@@ -13,7 +13,7 @@ import pytest
 
 from tessera_tb.trace import open_run
 from tessera_tb.trace.kernel_counters import load_kernel_counters
-from tests.conftest import DEMO_RUNS, SHARED_TRACES, file_contents, tessera_prof
+from tests.conftest import DEMO_RUNS, SHARED_TRACES, assert_same_files, file_contents, tessera_prof
 
 GPT_CSV = os.path.join(SHARED_TRACES, "ncu", "gpt_step_raw.csv")
 MICRO_CSV = os.path.join(SHARED_TRACES, "ncu", "microkernels_raw.csv")
@@ -131,7 +131,7 @@ def test_the_demo_runs_themselves_are_not_modified(tmp_path):
     before = file_contents(os.path.join(DEMO_RUNS, "gpt_1gpu"))
     run_dir = _copy_demo(tmp_path)
     assert _cli(GPT_CSV, run_dir, "-q").returncode == 0
-    assert file_contents(os.path.join(DEMO_RUNS, "gpt_1gpu")) == before
+    assert_same_files(file_contents(os.path.join(DEMO_RUNS, "gpt_1gpu")), before)
 
 
 def test_counter_only_stores_counters_without_kernel_links(tmp_path):
@@ -161,7 +161,7 @@ def test_existing_counters_are_kept_without_overwrite(tmp_path):
     proc = _cli(MICRO_CSV, run_dir)
     assert proc.returncode == 2
     assert "--overwrite" in proc.stderr
-    assert file_contents(run_dir) == before
+    assert_same_files(file_contents(run_dir), before)
     assert _cli(MICRO_CSV, run_dir, "--overwrite", "-q").returncode == 0
     assert load_kernel_counters(run_dir, "worker0").count == 34
 
@@ -192,7 +192,7 @@ def test_bad_csvs_exit_2_with_one_line_naming_the_file(tmp_path, content):
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and str(bad) in lines[0]
-    assert file_contents(run_dir) == before
+    assert_same_files(file_contents(run_dir), before)
 
 
 def test_a_missing_run_exits_2(tmp_path):

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from tests.conftest import SHARED_TRACES, file_contents, tessera_prof
+from tests.conftest import SHARED_TRACES, assert_same_files, file_contents, tessera_prof
 
 GOOD = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
 GOOD_FILE = next(os.path.join(GOOD, f) for f in os.listdir(GOOD) if f.endswith(".json.gz"))
@@ -130,7 +130,7 @@ def test_failed_overwrite_leaves_the_existing_run_intact(case, tmp_path):
     proc = _cli(str(mixed), "--logdir", str(logdir), "--run", "r", "--overwrite", "-q")
     assert proc.returncode == 2
     assert problem in proc.stderr
-    assert file_contents(logdir / "r") == before
+    assert_same_files(file_contents(logdir / "r"), before)
     assert sorted(os.listdir(logdir)) == ["r"]
 
 

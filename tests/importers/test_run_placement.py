@@ -17,7 +17,7 @@ from tessera_tb.importers.kineto_import import ImportFailed, import_traces
 from tessera_tb.trace import open_run
 from tessera_tb.trace.bundle import pack_run, unpack_bundle
 from tessera_tb.trace.layout import find_runs
-from tests.conftest import SHARED_TRACES, file_contents
+from tests.conftest import SHARED_TRACES, assert_same_files, file_contents
 
 AMD = os.path.join(SHARED_TRACES, "hta_tests", "amd_trace")
 GPT = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
@@ -99,7 +99,7 @@ def test_racing_bundle_unpacks_into_one_run_exactly_one_wins(tmp_path):
         t.join()
     assert sum(not isinstance(r, Exception) for r in results) == 1, results
     assert all("exists" in str(r) for r in results if isinstance(r, Exception))
-    assert file_contents(logdir / "a") == file_contents(src / "a")
+    assert_same_files(file_contents(logdir / "a"), file_contents(src / "a"))
     assert _hidden(logdir) == []
 
 
@@ -128,7 +128,7 @@ def test_sigkill_at_random_points_keeps_the_old_run_and_the_next_import_cleans_u
         # The old run or the new one, whole: never neither, never a mix.
         assert sorted(run.workers) in (["worker0"], ["rank0", "rank1", "rank2", "rank3"])
         if sorted(run.workers) == ["worker0"]:
-            assert file_contents(tmp_path / "r") == before
+            assert_same_files(file_contents(tmp_path / "r"), before)
         # Each import removes what the one killed before it left: at most one at a time.
         assert len(_hidden(tmp_path)) <= 1
         left += bool(_hidden(tmp_path))

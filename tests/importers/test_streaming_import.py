@@ -12,7 +12,13 @@ import threading
 import pytest
 
 from tessera_tb.importers import kineto_decode, kineto_import
-from tests.conftest import SHARED_TRACES, file_contents, shared_trace_files, trace_id
+from tests.conftest import (
+    SHARED_TRACES,
+    assert_same_files,
+    file_contents,
+    shared_trace_files,
+    trace_id,
+)
 
 if kineto_decode._kineto_scan is None:
     if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
@@ -71,9 +77,8 @@ def test_a_run_imported_in_small_pieces_is_the_same_byte_for_byte(tmp_path, monk
     a, b = file_contents(tmp_path / "a" / "run"), file_contents(tmp_path / "b" / "run")
     # TensorBoard's event files are named by the wall clock; the run's own files are not.
     a, b = ({k: v for k, v in d.items() if "tfevents" not in k} for d in (a, b))
-    assert a.keys() == b.keys() and len(a) > 4
-    differ = [name for name in a if a[name] != b[name]]
-    assert not differ
+    assert len(a) > 4
+    assert_same_files(a, b)
 
 
 def _big_gzip(copies: int = 12) -> tuple[bytes, bytes]:
@@ -122,7 +127,7 @@ def test_damage_in_the_middle_of_a_large_stream_leaves_nothing(damage, tmp_path,
     assert ("truncated gzip" in message) if damage == "truncated" else ("corrupt gzip" in message)
     # It failed in the middle: many pieces were scanned before the damage was met.
     assert sum(seen) > len(text) / 3
-    assert file_contents(logdir / "run") == before
+    assert_same_files(file_contents(logdir / "run"), before)
     assert sorted(os.listdir(logdir)) == ["run"]
     # The gunzip thread stopped with the import.
     assert not [t for t in threading.enumerate() if t.name == "tessera-gunzip"]

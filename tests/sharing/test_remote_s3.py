@@ -21,7 +21,7 @@ from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import remote
 from tessera_tb.trace.reader import open_run
 from tessera_tb.trace.writer import WorkerWriter
-from tests.conftest import SHARED_TRACES, file_contents, tessera_prof
+from tests.conftest import SHARED_TRACES, assert_same_files, file_contents, tessera_prof
 from tests.plugin.conftest import get_json, http_get, start_tensorboard, stop_tensorboard
 
 DDP_TRACES = sorted(glob.glob(os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank", "*.json.gz")))
@@ -80,7 +80,7 @@ def test_an_imported_run_lands_in_the_bucket_file_for_file(s3_ddp, local_ddp, s3
     local = file_contents(os.path.join(local_ddp, "ddp"))
     # Event file names carry the host, time and pid of the writer: compare the run's own files.
     step_files = {k: v for k, v in local.items() if k.startswith("plugins/")}
-    assert {k: v for k, v in in_bucket.items() if k.startswith("plugins/")} == step_files
+    assert_same_files({k: v for k, v in in_bucket.items() if k.startswith("plugins/")}, step_files)
     events = [k for k in in_bucket if k.startswith("events.out.tfevents.")]
     assert sorted(e.rsplit(".", 1)[1] for e in events) == ["rank0", "rank1"]
 

@@ -15,7 +15,7 @@ from tessera_tb.backend import plugin_data
 from tessera_tb.backend.run_index import RunIndex
 from tessera_tb.trace import remote
 from tessera_tb.trace.reader import open_run
-from tests.conftest import file_contents, run_links_named
+from tests.conftest import assert_same_files, file_contents, run_links_named
 from tests.sharing.test_remote_s3 import _objects
 
 torch = pytest.importorskip("torch")
@@ -47,9 +47,10 @@ def test_a_session_writes_its_steps_into_the_bucket(s3_env):
     bucket, prefix = logdir.removeprefix("s3://").split("/", 1)
     in_bucket = _objects(s3_env, bucket, prefix + "/exp1/")
     local = file_contents(staging)
-    assert {k: v for k, v in in_bucket.items() if not k.startswith(".")} == {
-        k: v for k, v in local.items() if not k.startswith(".")
-    }
+    assert_same_files(
+        {k: v for k, v in in_bucket.items() if not k.startswith(".")},
+        {k: v for k, v in local.items() if not k.startswith(".")},
+    )
     remote.clear_cache()
     assert open_run(f"{logdir}/exp1").steps == [2, 3]
     on_s3 = RunIndex(logdir, refresh_s=60)
