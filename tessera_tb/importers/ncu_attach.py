@@ -371,7 +371,7 @@ def store_counters(run_dir: str, run: Run, profile: CounterProfile) -> str:
     try:
         write_bytes_atomic(
             os.path.join(layout.worker_dir(run_dir, worker), layout.META_FILE),
-            meta.SerializeToString(),
+            meta.SerializeToString(deterministic=True),
         )
     except BaseException:
         if not existed:

@@ -371,7 +371,7 @@ def _member_data(
             meta.CopyFrom(info.meta)
             del meta.steps[:]
             meta.steps.extend(keep)
-            meta_bytes = meta.SerializeToString()
+            meta_bytes = meta.SerializeToString(deterministic=True)
         prefix = f"plugins/{layout.PLUGIN_NAME}/{w}/"
         yield prefix + layout.META_FILE, meta_bytes, zipfile.ZIP_DEFLATED
         for e in keep:

@@ -201,7 +201,7 @@ class Session:
         config = {
             "run_dir": os.path.abspath(self.run_dir),
             "upload_url": self.run_url,
-            "meta": meta.SerializeToString(),
+            "meta": meta.SerializeToString(deterministic=True),
             "expect_trace": want_torch,
             "max_steps": self.max_steps,
             "max_bytes": self.max_bytes,
