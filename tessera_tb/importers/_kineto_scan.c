@@ -1268,10 +1268,90 @@ static PyObject *Scanner_finish(ScannerObject *self, PyObject *Py_UNUSED(ignored
     return result;
 }
 
+/* A copy of a buffer as a bytearray, the buffer kept. */
+static int copy_column(PyObject *dict, const char *key, const Buf *b) {
+    PyObject *arr = PyByteArray_FromStringAndSize(b->p ? b->p : "", (Py_ssize_t)b->len);
+    if (!arr) return -1;
+    int rc = PyDict_SetItemString(dict, key, arr);
+    Py_DECREF(arr);
+    return rc;
+}
+
+static PyObject *Scanner_take(ScannerObject *self, PyObject *arg) {
+    if (!scanner_usable(self)) return NULL;
+    Py_ssize_t strings_from = PyLong_AsSsize_t(arg);
+    if (strings_from == -1 && PyErr_Occurred()) return NULL;
+    Scan *s = &self->st->s;
+    if (strings_from < 0 || strings_from > s->strs.count) {
+        PyErr_SetString(PyExc_ValueError, "strings_from out of range");
+        return NULL;
+    }
+    int64_t count = (int64_t)(s->ph.len / sizeof(int32_t));
+    PyObject *result = PyDict_New();
+    if (!result) return NULL;
+    PyObject *first = PyLong_FromLongLong(s->n - count);
+    PyObject *n = PyLong_FromLongLong(count);
+    PyObject *strings = PyList_New(s->strs.count - strings_from);
+    int bad = !first || !n || !strings || PyDict_SetItemString(result, "first", first) ||
+              PyDict_SetItemString(result, "n", n);
+    Py_XDECREF(first);
+    Py_XDECREF(n);
+    if (!bad) {
+        const size_t *offs = (const size_t *)s->strs.offs.p;
+        const size_t *lens = (const size_t *)s->strs.lens.p;
+        for (int32_t i = (int32_t)strings_from; i < s->strs.count; i++) {
+            PyObject *str = PyUnicode_DecodeUTF8(s->strs.arena.p + offs[i], (Py_ssize_t)lens[i],
+                                                 "surrogatepass");
+            if (!str) {
+                bad = 1;
+                break;
+            }
+            PyList_SET_ITEM(strings, i - strings_from, str);
+        }
+    }
+    bad = bad || PyDict_SetItemString(result, "strings", strings);
+    Py_XDECREF(strings);
+    if (bad) {
+        if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+            PyErr_Clear();
+            PyErr_SetString(Unsupported, "a string is not valid UTF-8");
+        }
+        Py_DECREF(result);
+        return NULL;
+    }
+    struct {
+        const char *key;
+        Buf *buf;
+    } cols[] = {{"ph", &s->ph},         {"cat", &s->cat},         {"name", &s->name},
+                {"pid", &s->pid},       {"tid", &s->tid},         {"ts", &s->ts},
+                {"dur", &s->dur},       {"id_val", &s->id_val},   {"id_sid", &s->id_sid},
+                {"arg_ev", &s->arg_ev}, {"arg_key", &s->arg_key}, {"arg_type", &s->arg_type},
+                {"arg_val", &s->arg_val}};
+    for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        if (put_column(result, cols[i].key, cols[i].buf)) {
+            Py_DECREF(result);
+            return NULL;
+        }
+    }
+    if (copy_column(result, "arg_key_sid", &s->key_sids)) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    return result;
+}
+
 static PyMethodDef scanner_methods[] = {
     {"feed", (PyCFunction)Scanner_feed, METH_O,
      "feed(buffer) -> int: reads the next chunk of the trace's text as far as it holds whole "
      "units; returns the bytes kept for the next chunk (a cut event or member)."},
+    {"take", (PyCFunction)Scanner_take, METH_O,
+     "take(strings_from) -> dict: the events read so far and not taken yet, as columns, "
+     "handed over (the scanner keeps its string table and argument keys): first (index of "
+     "the first event), n, strings (the string table from id strings_from on), ph, cat, "
+     "name, pid, tid, ts, dur, id_val, id_sid, and one row per argument in event order: "
+     "arg_ev (event index in the whole trace), arg_key (the key's number, an index into "
+     "arg_key_sid, every key so far), arg_type, arg_val. finish() then returns only what "
+     "came after the last take."},
     {"finish", (PyCFunction)Scanner_finish, METH_NOARGS,
      "finish() -> dict: the columns, as scan_events returns them, but `top` ranges index "
      "`top_text` (the other top-level values, back to back) and events_range counts bytes of "

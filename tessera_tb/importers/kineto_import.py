@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import collections
 import os
+import queue
 import re
 import shutil
+import threading
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,7 @@ import msgspec
 import numpy.ma  # noqa: F401
 
 from tessera_tb.importers import kineto_decode, nvml_csv
-from tessera_tb.importers.kineto_span import StringTable, build_span
+from tessera_tb.importers.kineto_span import StringTable, stream_span
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import layout, run_placement
 from tessera_tb.trace.atomic import fsync_tree
@@ -228,6 +230,49 @@ def _capabilities(meta: pb.WorkerMeta, trace, kinds_seen: set[str], nvml_path: s
     return caps
 
 
+class StepWriterThread:
+    """Calls `write(step)` for each step put, in order, in one thread of its own: step
+    encoding spends most of its time in compression and file writes, which release the GIL,
+    so it overlaps the making of the next step. At most `depth` steps wait. An error of a
+    write is raised by the next `put` or on leaving the `with` block; leaving it on an
+    error of the caller's stops the thread without writing what still waits."""
+
+    def __init__(self, write: Callable[[StepData], object], depth: int = 1) -> None:
+        self._write = write
+        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._abandon = False
+        self._thread = threading.Thread(target=self._run, name="tessera-write", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            step = self._queue.get()
+            if step is None:
+                return
+            if self._error is None and not self._abandon:
+                try:
+                    self._write(step)
+                except BaseException as exc:  # raised in the caller's thread
+                    self._error = exc
+            del step
+
+    def put(self, step: StepData) -> None:
+        if self._error is not None:
+            raise self._error
+        self._queue.put(step)
+
+    def __enter__(self) -> StepWriterThread:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self._abandon = exc_type is not None
+        self._queue.put(None)
+        self._thread.join()
+        if exc_type is None and self._error is not None:
+            raise self._error
+
+
 def _import_worker(
     worker: str,
     files: list[str],
@@ -251,7 +296,7 @@ def _import_worker(
         progress(f"{worker}: reading {os.path.basename(path)} ({size / 1e6:.1f} MB)")
         trace = kineto_decode.read_trace(path)
         base_ns = int(trace.meta.get("baseTimeNanoseconds") or 0)
-        span = build_span(trace, strings, span_index, base_ns)
+        span = stream_span(trace, strings, span_index, base_ns)
         warnings.extend(span.warnings)
         if writer is None:
             first_trace = trace
@@ -263,28 +308,35 @@ def _import_worker(
             # A staging directory, renamed into place whole once every file converted.
             writer = WorkerWriter(run_dir, meta, staged=True)
         written = 0
-        for step in span.steps:
-            kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))
-            if steps is not None and step.step not in steps:
-                continue
-            if step.step in result.steps:
-                raise TraceFormatError(path, f"step {step.step} appears in two files of {worker}")
-            if samples is not None:
-                step.counters = nvml_csv.counters_between(
-                    samples, step.start_ns, step.end_ns, _main_device(step)
-                )
-                if not step.counters:
-                    step.capabilities.append(
-                        Capability("nvml", "unavailable", "no NVML samples inside the step")
+        # Each step is written (encoded, compressed, saved) in a thread while the next one
+        # is cut from the span's columns; one step waits at most, so memory holds the
+        # span's columns and two steps.
+        with StepWriterThread(writer.write_step) as out:
+            for step in span.steps:
+                kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))
+                if steps is not None and step.step not in steps:
+                    continue
+                if step.step in result.steps:
+                    raise TraceFormatError(
+                        path, f"step {step.step} appears in two files of {worker}"
                     )
-            writer.write_step(step)
-            result.steps.append(step.step)
-            written += 1
+                if samples is not None:
+                    step.counters = nvml_csv.counters_between(
+                        samples, step.start_ns, step.end_ns, _main_device(step)
+                    )
+                    if not step.counters:
+                        step.capabilities.append(
+                            Capability("nvml", "unavailable", "no NVML samples inside the step")
+                        )
+                out.put(step)
+                result.steps.append(step.step)
+                written += 1
+                del step
         result.events += span.event_count
         result.json_bytes += trace.json_bytes
         progress(
             f"{worker}: {os.path.basename(path)}: {span.event_count:,} events, "
-            f"{written} of {len(span.steps)} steps written ({time.perf_counter() - t0:.2f} s)"
+            f"{written} of {span.step_count} steps written ({time.perf_counter() - t0:.2f} s)"
         )
         del trace, span
     _capabilities(writer.meta, first_trace, kinds_seen, nvml_path)

@@ -15,6 +15,7 @@ Definitions (docs/METRICS.md, "Steps and nesting" and "Time"):
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -75,8 +76,28 @@ class SpanResult:
     warnings: list[str] = field(default_factory=list)
 
 
+@dataclass
+class SpanStream:
+    """A span whose steps are made one at a time, in step order, as `steps` is iterated:
+    only the span's columns and the step in hand are held, never every step's copy."""
+
+    steps: Iterator[StepData]
+    step_count: int
+    tracks: list[TrackInfo]
+    event_count: int
+    base_ns: int
+    warnings: list[str] = field(default_factory=list)
+
+
 def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: int) -> SpanResult:
     """Convert a decoded trace into StepData, one per step (in step order)."""
+    span = stream_span(trace, strings, span_index, base_ns)
+    return SpanResult(list(span.steps), span.tracks, span.event_count, span.base_ns, span.warnings)
+
+
+def stream_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: int) -> SpanStream:
+    """The steps of a decoded trace, made lazily (see SpanStream); the same StepData as
+    build_span. The trace's scanner columns are released as they are converted."""
     path = trace.path
     warnings: list[str] = []
     if trace.scan is not None:  # the C scanner read the events
@@ -164,6 +185,7 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
     if len(tracks.keys) > len(track_infos):
         track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
 
+    del cols  # its arrays live on in the columns below, as long as the steps need them
     steps = _split_steps(
         n_steps=n_steps,
         step_numbers=step_numbers,
@@ -189,8 +211,13 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
         tracks=track_infos,
         span_index=span_index,
     )
-    return SpanResult(
-        steps=steps, tracks=track_infos, event_count=n, base_ns=base_ns, warnings=warnings
+    return SpanStream(
+        steps=steps,
+        step_count=int(n_steps),
+        tracks=track_infos,
+        event_count=n,
+        base_ns=base_ns,
+        warnings=warnings,
     )
 
 
@@ -410,7 +437,9 @@ def _split_steps(
     strings: StringTable,
     tracks,
     span_index,
-) -> list[StepData]:
+) -> Iterator[StepData]:
+    """The steps, one at a time (a generator): each step's copy of its rows is made when it
+    is asked for and dropped by the caller once written."""
     n = step_of.size
     # Rows by step, and within a step in the file's canonical order (step.canonical_order),
     # so that the writer has nothing to reorder.
@@ -437,7 +466,6 @@ def _split_steps(
     all_strings = np.array(strings.strings, dtype=object)
     string_map = np.full(len(strings.strings), -1, dtype=np.int64)
 
-    out = []
     for k in range(n_steps):
         rows = ev_order[ev_bounds[k] : ev_bounds[k + 1]]
         local_of[rows] = np.arange(rows.size, dtype=np.int32)
@@ -478,18 +506,16 @@ def _split_steps(
             else a
             for a in step_attrs
         ]
-        out.append(
-            StepData(
-                step=int(step_numbers[k]),
-                start_ns=int(span_start[k]),
-                end_ns=int(span_end[k]),
-                strings=all_strings[ids].tolist(),
-                tracks=tracks,
-                events=ev,
-                attrs=step_attrs,
-                flows=step_flows,
-                span_index=span_index,
-            )
+        step = StepData(
+            step=int(step_numbers[k]),
+            start_ns=int(span_start[k]),
+            end_ns=int(span_end[k]),
+            strings=all_strings[ids].tolist(),
+            tracks=tracks,
+            events=ev,
+            attrs=step_attrs,
+            flows=step_flows,
+            span_index=span_index,
         )
         local_of[rows] = -1
-    return out
+        yield step
