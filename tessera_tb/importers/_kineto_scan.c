@@ -1340,10 +1340,17 @@ static PyObject *Scanner_take(ScannerObject *self, PyObject *arg) {
     return result;
 }
 
+static PyObject *Scanner_events_read(ScannerObject *self, PyObject *Py_UNUSED(ignored)) {
+    if (!scanner_usable(self)) return NULL;
+    return PyLong_FromLongLong(self->st->s.n);
+}
+
 static PyMethodDef scanner_methods[] = {
     {"feed", (PyCFunction)Scanner_feed, METH_O,
      "feed(buffer) -> int: reads the next chunk of the trace's text as far as it holds whole "
      "units; returns the bytes kept for the next chunk (a cut event or member)."},
+    {"events_read", (PyCFunction)Scanner_events_read, METH_NOARGS,
+     "events_read() -> int: the events read so far, taken or not."},
     {"take", (PyCFunction)Scanner_take, METH_O,
      "take(strings_from) -> dict: the events read so far and not taken yet, as columns, "
      "handed over (the scanner keeps its string table and argument keys): first (index of "

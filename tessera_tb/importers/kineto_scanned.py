@@ -8,6 +8,7 @@ Python touches only distinct strings, distinct argument keys and the rare irregu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -58,10 +59,27 @@ class _Ids:
         return mapped
 
 
+@dataclass
+class FileContext:
+    """What a part of a trace file (one batch of its steps, `kineto_stream`) takes from the
+    whole file, so its columns are those the whole file's would hold for its events: the
+    file's tracks (in the file's order), its metadata events, and each argument key's type
+    codes over the whole file (one bit per code, by the key's number in `arg_key_sid`)."""
+
+    tracks: Tracks
+    meta_events: list[RawEvent]
+    key_bits: list[int]
+
+
 def scanned_span_columns(
-    scan: dict[str, Any], path: str, strings: StringTable, base_ns: int
+    scan: dict[str, Any],
+    path: str,
+    strings: StringTable,
+    base_ns: int,
+    context: FileContext | None = None,
 ) -> SpanColumns:
-    """SpanColumns of the scanner's columns `scan` of trace file `path`."""
+    """SpanColumns of the scanner's columns `scan` of trace file `path` (or of a part of it,
+    with the whole file's `context`)."""
     text: list[str] = scan["strings"]
 
     def col(name: str, dtype) -> np.ndarray:
@@ -81,11 +99,14 @@ def scanned_span_columns(
     meta_ids = [i for i in phase_ids if phase[i] == "M"]
 
     ids = _Ids(text, strings)
-    tracks = Tracks()
+    tracks = Tracks() if context is None else context.tracks
     pid, tid = col("pid", np.int32), col("tid", np.int32)
     cat, name = col("cat", np.int32), col("name", np.int32)
-    meta_rows = np.flatnonzero(ph == meta_ids[0]) if meta_ids else np.zeros(0, dtype=np.int64)
-    meta_events = _meta_events(scan, meta_rows, text, pid, tid, name)
+    if context is None:
+        meta_rows = np.flatnonzero(ph == meta_ids[0]) if meta_ids else np.zeros(0, np.int64)
+        meta_events = _meta_events(scan, meta_rows, text, pid, tid, name)
+    else:
+        meta_events = context.meta_events
     ts_us, dur_us = col("ts", np.float64), col("dur", np.float64)
 
     # Each event's class by a lookup on its phase's string id: 1 slice, 2 flow point.
@@ -108,7 +129,8 @@ def scanned_span_columns(
     track_id = _track_ids(tracks, text, pid[idx], tid[idx])
     correlation = np.zeros(n, dtype=np.int64)
     external_id = np.zeros(n, dtype=np.int64)
-    attr_parts = _attr_parts(scan, idx, ids, text, correlation, external_id)
+    key_bits = None if context is None else context.key_bits
+    attr_parts = _attr_parts(scan, idx, ids, text, correlation, external_id, key_bits)
 
     fidx = np.flatnonzero(event_class == 2)
     fts = ts_us[fidx]
@@ -193,8 +215,10 @@ def _attr_parts(
     text: list[str],
     correlation: np.ndarray,
     external_id: np.ndarray,
+    key_bits: list[int] | None = None,
 ) -> dict[str, _AttrPart]:
-    """One typed part per argument key of the slices; fills the promoted id columns."""
+    """One typed part per argument key of the slices; fills the promoted id columns. The
+    type codes of each key are those of `scan` or, given, `key_bits` (the whole file's)."""
     row_of = np.full(scan["n"], -1, dtype=np.int32)
     row_of[idx] = np.arange(idx.size, dtype=np.int32)
     rows = row_of[np.frombuffer(scan["arg_ev"], dtype=np.int32)]
@@ -217,7 +241,7 @@ def _attr_parts(
     canon = _canonical_json(types, values, keep, ids, text)
     parts: dict[str, _AttrPart] = {}
     for k, sid in enumerate(key_sid):
-        bits = bits_of[k]
+        bits = bits_of[k] if key_bits is None else key_bits[k]
         if not bits:
             continue  # no argument of a slice, or only nulls
         lo, hi = bounds[k], bounds[k + 1]

@@ -98,12 +98,34 @@ def build_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: 
 def stream_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns: int) -> SpanStream:
     """The steps of a decoded trace, made lazily (see SpanStream); the same StepData as
     build_span. The trace's scanner columns are released as they are converted."""
-    path = trace.path
-    warnings: list[str] = []
     if trace.scan is not None:  # the C scanner read the events
         cols = scanned_span_columns(trace.release_scan(), trace.path, strings, base_ns)
     else:
         cols = span_columns(trace, strings, base_ns)
+    return span_of_columns(cols, trace.path, strings, span_index, base_ns)
+
+
+@dataclass
+class StepPlan:
+    """The steps of a part of a trace file, decided on the whole file (`kineto_stream`):
+    their numbers and spans, the step (an index into them) of each slice and of each flow
+    point of the part, and the file's tracks."""
+
+    step_numbers: np.ndarray
+    span_start: np.ndarray
+    span_end: np.ndarray
+    step_of: np.ndarray
+    flow_step: np.ndarray
+    tracks: list[TrackInfo]
+    unbound_flows: list[int] = field(default_factory=lambda: [0, 0])  # (unbound, all), summed
+
+
+def span_of_columns(
+    cols, path: str, strings: StringTable, span_index: int, base_ns: int, plan=None
+) -> SpanStream:
+    """The steps of a span's columns (see stream_span); with a StepPlan, of a part of a file
+    whose steps were decided on the whole file."""
+    warnings: list[str] = []
     if cols.skipped_phases:
         warnings.append(
             f"{path}: events of phase(s) {cols.skipped_phases} are not part of the Kineto "
@@ -134,7 +156,10 @@ def stream_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns:
         collective_name[nid] = strings.strings[nid].startswith(_COLLECTIVE_PREFIXES)
     kind[kernel & collective_name[name_id]] = KIND["collective"]
 
-    track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
+    if plan is None:
+        track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
+    else:
+        track_infos = plan.tracks
     parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id)
     launch = _launch_links(kind, correlation)
 
@@ -142,6 +167,19 @@ def stream_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns:
     step_rows = _step_marker_rows(name_id, cat_id, strings, is_x)
     # Before 2022 step markers were "Operator" events like any op: they are annotations.
     kind[[r for _, r in step_rows]] = KIND["annotation"]
+    if plan is not None:
+        return _planned_span(
+            plan,
+            cols=cols,
+            path=path,
+            strings=strings,
+            span_index=span_index,
+            base_ns=base_ns,
+            kind=kind,
+            parent=parent,
+            launch=launch,
+            warnings=warnings,
+        )
     if step_rows:
         step_numbers = np.array([num for num, _ in step_rows], dtype=np.int64)
         rows = np.array([r for _, r in step_rows], dtype=np.int64)
@@ -221,6 +259,52 @@ def stream_span(trace: RawTrace, strings: StringTable, span_index: int, base_ns:
     )
 
 
+def _planned_span(
+    plan: StepPlan, *, cols, path, strings, span_index, base_ns, kind, parent, launch, warnings
+) -> SpanStream:
+    """The steps of a part of a file, as StepPlan decided them; flow points bind to the
+    part's own events (a point's enclosing slice is in its step's part)."""
+    flows, _ = _bind_flows(cols.flows, cols.start_ns, cols.dur_ns, cols.track_id, parent, path)
+    frow = flows["row"]
+    plan.unbound_flows[0] += int((frow < 0).sum())
+    plan.unbound_flows[1] += int(frow.size)
+    step_of = plan.step_of.astype(np.int64)
+    flow_step = np.where(frow >= 0, step_of[np.maximum(frow, 0)], plan.flow_step)
+    steps = _split_steps(
+        n_steps=plan.step_numbers.size,
+        step_numbers=plan.step_numbers,
+        span_start=plan.span_start,
+        span_end=plan.span_end,
+        step_of=step_of,
+        columns={
+            "start_ns": cols.start_ns,
+            "dur_ns": cols.dur_ns,
+            "name_id": cols.name_id,
+            "track_id": cols.track_id,
+            "kind": kind,
+            "cat_id": cols.cat_id,
+            "correlation": cols.correlation,
+            "external_id": cols.external_id,
+            "parent": parent,
+            "launch": launch,
+        },
+        attrs=cols.attrs,
+        flows=flows,
+        flow_step=flow_step.astype(np.int64),
+        strings=strings,
+        tracks=plan.tracks,
+        span_index=span_index,
+    )
+    return SpanStream(
+        steps=steps,
+        step_count=int(plan.step_numbers.size),
+        tracks=plan.tracks,
+        event_count=cols.count,
+        base_ns=base_ns,
+        warnings=warnings,
+    )
+
+
 def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple[int, int]]:
     """(step number, row) of every ProfilerStep#N slice of a step-marker category."""
     used_cats = np.flatnonzero(np.bincount(cat_id, minlength=len(strings.strings)))
@@ -257,6 +341,24 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
         i = np.searchsorted(a.rows, row)
         return int(a.values[i]) if i < a.rows.size and a.rows[i] == row else None
 
+    device_of, stream_of = {}, {}
+    for t, row in first_device_row.items():
+        device_of[t] = attr_value("device", row)
+        stream_of[t] = attr_value("stream", row)
+    return track_infos_from(tracks, n_device > 0, n_host > 0, device_of, stream_of, meta_events)
+
+
+def track_infos_from(
+    tracks: Tracks,
+    has_device: np.ndarray,
+    has_host: np.ndarray,
+    device_of: dict[int, int | None],
+    stream_of: dict[int, int | None],
+    meta_events,
+) -> list[TrackInfo]:
+    """TrackInfo of each track: a device stream when it holds device events (its device
+    and stream from the first one's int arguments `device`/`stream`, else from pid/tid),
+    else a host thread when it holds host events; names and order from metadata events."""
     thread_names: dict[tuple[str, str], str] = {}
     sort_index: dict[tuple[str, str], int] = {}
     labels: dict[str, str] = {}
@@ -273,10 +375,9 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
     infos = []
     for tid_, (pid, tid) in enumerate(tracks.keys):
         name = thread_names.get((pid, tid), "")
-        if n_device[tid_] > 0:
-            row = first_device_row.get(tid_)
-            device = attr_value("device", row) if row is not None else None
-            stream = attr_value("stream", row) if row is not None else None
+        if has_device[tid_]:
+            device = device_of.get(tid_)
+            stream = stream_of.get(tid_)
             if device is None:
                 device = int(pid) if pid.lstrip("-").isdigit() else -1
             if stream is None:
@@ -295,7 +396,7 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
                     sort_index.get((pid, tid), stream),
                 )
             )
-        elif n_host[tid_] > 0:
+        elif has_host[tid_]:
             infos.append(
                 TrackInfo(
                     tid_,

@@ -1,0 +1,811 @@
+"""A large trace file read in bounded memory: its steps built a few at a time.
+
+The whole-file import (`kineto_span.stream_span`) holds every event's columns while it builds
+the steps, about the size of the JSON text. Here the file is read three times over, and
+only batches of events and a few small per-file tables are ever held:
+
+1. The C scanner reads the text in pieces (`iter_text`) and hands over its columns every
+   BATCH_EVENTS events (`Scanner.take`). Each batch is spilled to a scratch directory as it
+   comes, after noting what the steps need from the whole file: the step markers, the
+   runtime calls' correlation ids, the tracks in order of first appearance, each argument
+   key's type codes, the strings each part of the import interns (in the order the whole
+   file would intern them, so every step's string table comes out the same), the metadata
+   events. The events are checked here, so errors name the file's first bad event.
+2. Steps are decided on those tables, as the whole file would decide them; each spilled
+   batch then gets the step of each event, and the events are regrouped by runs of
+   consecutive steps ("parts") of at most `part_events` events.
+3. Each part is built with the whole-file code (`kineto_scanned.scanned_span_columns`,
+   `kineto_span.span_of_columns`) under the file's context (FileContext, StepPlan) and its
+   steps handed out one at a time.
+
+The steps equal the whole-file import's, byte for byte, with one documented exception: a
+flow point binds to an enclosing slice of its own part, so a point whose enclosing slice
+lies in another part (a slice that started in an earlier run of steps, or an ancestor found
+by walking up the host tree across parts) is kept unbound in its own step. On the shared
+traces that never happens (tests compare both imports file for file).
+
+A step larger than memory allows (its events' estimated footprint, STEP_BYTES_PER_EVENT per
+event, over what the machine has free) stops the import with StepTooLarge, which names the
+step and its size, before anything of it is built.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from tessera_tb.importers import _kineto_scan, kineto_decode
+from tessera_tb.importers.kineto_columns import (
+    _FLOW_PHASES,
+    _PROMOTED,
+    _SLICE_PHASES,
+    CORRELATION_KEYS,
+    StringTable,
+    Tracks,
+    check_finite,
+    int_or_zero,
+    intern_json,
+    us_to_ns,
+)
+from tessera_tb.importers.kineto_decode import RawEvent
+from tessera_tb.importers.kineto_scanned import (
+    T_BIGINT,
+    T_FLOAT,
+    T_INT,
+    T_NULL,
+    T_RAW,
+    T_STR,
+    FileContext,
+    _python_values,
+    scanned_span_columns,
+)
+from tessera_tb.importers.kineto_span import (
+    _CAT_KIND,
+    _COLLECTIVE_PREFIXES,
+    _IS_DEVICE_TRACK,
+    _STEP_CATS,
+    _STEP_NAME,
+    SpanStream,
+    StepPlan,
+    span_of_columns,
+    track_infos_from,
+)
+from tessera_tb.trace.errors import TraceFormatError
+from tessera_tb.trace.step import IS_DEVICE_WORK, IS_LAUNCH, KIND, StepData
+
+# Events per batch of the first pass: about 80 MB of scanner columns at most.
+BATCH_EVENTS = 1 << 19
+# Events per part of the third pass: about 350 MB while its steps are built.
+PART_EVENTS = 1 << 20
+# Peak bytes per event while a step is built (measured: ~310 on the shared traces' copies).
+STEP_BYTES_PER_EVENT = 400
+_ANY = msgspec.json.Decoder()
+_EVENT_COLUMNS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id_val", "id_sid")
+_COLUMN_TYPES = {
+    "ph": np.int32,
+    "cat": np.int32,
+    "name": np.int32,
+    "pid": np.int32,
+    "tid": np.int32,
+    "ts": np.float64,
+    "dur": np.float64,
+    "id_val": np.int64,
+    "id_sid": np.int32,
+    "arg_ev": np.int32,
+    "arg_key": np.int32,
+    "arg_type": np.uint8,
+    "arg_val": np.int64,
+}
+
+
+class StepTooLarge(TraceFormatError):
+    """One step holds more events than memory allows building at once."""
+
+
+def available_memory_bytes() -> int:
+    """Memory this process may still take: the smaller of the machine's available memory and
+    what its cgroup allows beyond its current use."""
+    free = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    free = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                used = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            room = int(limit) - used
+            free = room if free is None else min(free, room)
+        break
+    return free if free is not None else 1 << 62
+
+
+@dataclass
+class _Batch:
+    """One spilled batch: where its columns are, and its event range."""
+
+    path: str
+    first: int
+    n: int
+
+
+@dataclass
+class _StringUse:
+    """Which of the file's strings each step of the whole-file interning touches."""
+
+    raw: list[np.ndarray] = field(default_factory=list)  # T_RAW argument values (string ids)
+    by_key: list[np.ndarray] = field(default_factory=list)  # key << 32 | string id (T_STR)
+    flow_cats: list[np.ndarray] = field(default_factory=list)
+    names: list[np.ndarray] = field(default_factory=list)
+    cats: list[np.ndarray] = field(default_factory=list)
+
+
+class _FirstPass:
+    """The whole-file tables, gathered batch by batch."""
+
+    def __init__(self, path: str, spill_dir: str) -> None:
+        self.path = path
+        self.spill_dir = spill_dir
+        self.text: list[str] = []
+        self.key_sids = np.zeros(0, dtype=np.int32)
+        self.key_bits: list[int] = []
+        self.phase_class = np.zeros(0, dtype=np.uint8)  # per string id: 1 slice, 2 flow, 3 M
+        self.cat_kind = np.zeros(0, dtype=np.uint8)
+        self.is_memory_name = np.zeros(0, dtype=bool)
+        self.is_step_cat = np.zeros(0, dtype=bool)
+        self.step_number: dict[int, int] = {}  # name string id -> N of ProfilerStep#N
+        self.collective_name = np.zeros(0, dtype=bool)
+        self.is_x = np.zeros(0, dtype=bool)
+        self.batches: list[_Batch] = []
+        self.uses = _StringUse()
+        self.slice_tracks: dict[int, None] = {}  # pid << 32 | tid string ids, first seen first
+        self.flow_tracks: dict[int, None] = {}
+        self.has_device: dict[int, bool] = {}
+        self.has_host: dict[int, bool] = {}
+        self.first_device: dict[int, tuple[int, int, int, int, int]] = {}  # pair -> arg codes
+        self.meta_events: list[RawEvent] = []
+        self.skipped: dict[str, int] = {}
+        self.markers: list[tuple[int, int, float, float]] = []  # (N, row, ts, dur)
+        self.launch_corr: list[np.ndarray] = []
+        self.launch_ts: list[np.ndarray] = []
+        self.slices = 0
+        self.min_start_ns: int | None = None
+        self.max_end_ns: int | None = None
+
+    # ------------------------------------------------------------------ string lookups
+
+    def _grow(self, new: list[str]) -> None:
+        start = len(self.text)
+        self.text.extend(new)
+        n = len(self.text)
+
+        def grown(arr, dtype):
+            out = np.zeros(n, dtype=dtype)
+            out[: arr.size] = arr
+            return out
+
+        self.phase_class = grown(self.phase_class, np.uint8)
+        self.cat_kind = grown(self.cat_kind, np.uint8)
+        self.is_memory_name = grown(self.is_memory_name, bool)
+        self.is_step_cat = grown(self.is_step_cat, bool)
+        self.collective_name = grown(self.collective_name, bool)
+        self.is_x = grown(self.is_x, bool)
+        for i in range(start, n):
+            t = self.text[i]
+            if t in _SLICE_PHASES:
+                self.phase_class[i] = 1
+            elif t in _FLOW_PHASES:
+                self.phase_class[i] = 2
+            elif t == "M":
+                self.phase_class[i] = 3
+            self.cat_kind[i] = KIND[_CAT_KIND.get(t.lower(), "other")]
+            self.is_memory_name[i] = t == "[memory]"
+            self.is_x[i] = t == "X"
+            self.is_step_cat[i] = t.lower() in _STEP_CATS
+            self.collective_name[i] = t.startswith(_COLLECTIVE_PREFIXES)
+            m = _STEP_NAME.match(t)
+            if m:
+                self.step_number[i] = int(m.group(1))
+
+    # ------------------------------------------------------------------ one batch
+
+    def add(self, batch: dict[str, Any]) -> None:
+        self._grow(batch["strings"])
+        self.key_sids = np.frombuffer(batch["arg_key_sid"], dtype=np.int32).copy()
+        self.key_bits.extend([0] * (self.key_sids.size - len(self.key_bits)))
+        first, n = int(batch["first"]), int(batch["n"])
+        if n == 0:
+            return
+        cols = {k: np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k]) for k in _COLUMN_TYPES}
+        self._note(cols, first, n)
+        path = os.path.join(self.spill_dir, f"batch_{len(self.batches):06d}.npz")
+        np.savez(path, **cols)
+        self.batches.append(_Batch(path, first, n))
+
+    def _note(self, c: dict[str, np.ndarray], first: int, n: int) -> None:
+        path, text = self.path, self.text
+        ph_class = self.phase_class[c["ph"]]
+        rows = np.arange(first, first + n, dtype=np.int64)
+        sl = np.flatnonzero(ph_class == 1)
+        fl = np.flatnonzero(ph_class == 2)
+        # Checks, in file order, as the whole-file columns make them.
+        is_x = self.is_x[c["ph"]]
+        ts = c["ts"][sl]
+        check_finite(path, ts, rows[sl], "ts")
+        dur = np.where(is_x[sl], c["dur"][sl], 0.0)
+        check_finite(path, dur, rows[sl], "dur")
+        if (dur < 0).any():
+            i = int(rows[sl][np.flatnonzero(dur < 0)[0]])
+            raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
+        check_finite(path, c["ts"][fl], rows[fl], "ts")
+        other = np.flatnonzero(ph_class == 0)
+        if other.size:
+            for sid, count in zip(*np.unique(c["ph"][other], return_counts=True)):
+                self.skipped[text[sid]] = self.skipped.get(text[sid], 0) + int(count)
+
+        # Arguments of slices (what the whole file's columns keep).
+        ev_local = c["arg_ev"].astype(np.int64) - first
+        a_type, a_key, a_val = c["arg_type"], c["arg_key"], c["arg_val"]
+        keep = (ph_class[ev_local] == 1) if ev_local.size else np.zeros(0, bool)
+        keep &= a_type != T_NULL
+        if keep.any():
+            code = np.unique(a_key[keep].astype(np.int64) * 8 + a_type[keep])
+            for k, t in zip((code // 8).tolist(), (code % 8).tolist()):
+                self.key_bits[k] |= 1 << t
+            raw = keep & (a_type == T_RAW)
+            if raw.any():
+                self.uses.raw.append(np.unique(a_val[raw]))
+            st = keep & (a_type == T_STR)
+            if st.any():
+                self.uses.by_key.append(np.unique((a_key[st].astype(np.int64) << 32) | a_val[st]))
+
+        # Kinds of the slices, as far as launches and tracks need them.
+        kind = self.cat_kind[c["cat"][sl]].copy()
+        x = is_x[sl]
+        kind[self.is_memory_name[c["name"][sl]] & ~x] = KIND["memory"]
+        kind[(~x) & (kind == KIND["other"])] = KIND["mark"]
+        marker = x & self.is_step_cat[c["cat"][sl]]
+        for j in np.flatnonzero(marker).tolist():
+            num = self.step_number.get(int(c["name"][sl[j]]))
+            if num is not None:
+                self.markers.append((num, int(rows[sl[j]]), float(ts[j]), float(dur[j])))
+                kind[j] = KIND["annotation"]
+        corr = _promoted(c, ev_local, keep, sl, n, text, self.key_sids, CORRELATION_KEYS)
+        launch = IS_LAUNCH[kind] & (corr != 0)
+        if launch.any():
+            self.launch_corr.append(corr[launch])
+            self.launch_ts.append(ts[launch])
+        self.uses.names.append(np.unique(c["name"][sl]))
+        self.uses.cats.append(np.unique(c["cat"][sl]))
+        self.uses.flow_cats.append(np.unique(c["cat"][fl]))
+        self.slices += int(sl.size)
+        if sl.size:
+            start = us_to_ns(ts)
+            end = start + us_to_ns(dur)
+            lo, hi = int(start.min()), int(end.max())
+            self.min_start_ns = lo if self.min_start_ns is None else min(self.min_start_ns, lo)
+            self.max_end_ns = hi if self.max_end_ns is None else max(self.max_end_ns, hi)
+
+        # Tracks, in order of first appearance; what kind of events each holds.
+        pair = (c["pid"].astype(np.int64) << 32) | c["tid"].astype(np.int64)
+        for p in dict.fromkeys(pair[sl].tolist()):
+            self.slice_tracks.setdefault(p, None)
+        for p in dict.fromkeys(pair[fl].tolist()):
+            self.flow_tracks.setdefault(p, None)
+        device_like = _IS_DEVICE_TRACK[kind]
+        host_like = ~device_like & (kind != KIND["trace_span"]) & (kind != KIND["other"])
+        for p in np.unique(pair[sl][host_like]).tolist():
+            self.has_host[p] = True
+        dev_rows = sl[device_like]
+        if dev_rows.size:
+            dev_pairs = pair[dev_rows]
+            uniq, at = np.unique(dev_pairs, return_index=True)
+            for p, j in zip(uniq.tolist(), at.tolist()):
+                self.has_device[p] = True
+                if p not in self.first_device:
+                    self.first_device[p] = self._device_args(c, ev_local, int(dev_rows[j]))
+
+        # Metadata events (thread names and sort order), with all their arguments.
+        meta = np.flatnonzero(ph_class == 3)
+        if meta.size:
+            is_meta = np.zeros(n, dtype=bool)
+            is_meta[meta] = True
+            sel = np.flatnonzero(is_meta[ev_local]) if ev_local.size else np.zeros(0, np.int64)
+            values = _python_values(a_type[sel], a_val[sel], text)
+            args: dict[int, dict[str, Any]] = {}
+            for e, k, v in zip(ev_local[sel].tolist(), a_key[sel].tolist(), values.tolist()):
+                args.setdefault(e, {})[text[self.key_sids[k]]] = v
+            for i in meta.tolist():
+                self.meta_events.append(
+                    RawEvent(
+                        ph="M",
+                        name=text[c["name"][i]],
+                        pid=text[c["pid"][i]],
+                        tid=text[c["tid"][i]],
+                        args=args.get(i),
+                    )
+                )
+
+    def _device_args(self, c, ev_local: np.ndarray, row: int) -> tuple:
+        """(device key, type, value, stream key, type, value)-ish codes of a device event's
+        `device` and `stream` arguments: (key number, type, value) each, -1 when absent."""
+        out = []
+        for wanted in ("device", "stream"):
+            got = (-1, T_NULL, 0)
+            for j in np.flatnonzero(ev_local == row).tolist():
+                k = int(c["arg_key"][j])
+                if self.text[self.key_sids[k]] == wanted and c["arg_type"][j] != T_NULL:
+                    got = (k, int(c["arg_type"][j]), int(c["arg_val"][j]))
+            out.append(got)
+        return tuple(out)
+
+
+def _promoted(c, ev_local, keep, sl, n, text, key_sids, keys) -> np.ndarray:
+    """A promoted id argument (correlation) of each slice of a batch, as the whole-file
+    columns make it: kept arguments of the keys `keys`, later keys' values winning."""
+    out_all = np.zeros(n, dtype=np.int64)
+    key_num = [k for k in range(key_sids.size) if text[key_sids[k]] in keys]
+    for k in key_num:
+        sel = np.flatnonzero(keep & (c["arg_key"] == k))
+        if not sel.size:
+            continue
+        t, v = c["arg_type"][sel], c["arg_val"][sel]
+        if (t == T_INT).all():
+            out_all[ev_local[sel]] = v
+        else:
+            out_all[ev_local[sel]] = [int_or_zero(x) for x in _python_values(t, v, text)]
+    return out_all[sl]
+
+
+@dataclass
+class _Plan:
+    """Steps of the whole file."""
+
+    numbers: np.ndarray
+    host_start: np.ndarray
+    span_start: np.ndarray
+    span_end: np.ndarray
+    launch_corr: np.ndarray  # sorted, distinct
+    launch_step: np.ndarray
+
+
+class StreamedFile:
+    """One trace file read in bounded memory; `steps()` hands out its steps one at a time.
+
+    `meta` (the top-level members), `json_bytes`, `event_count`, `warnings` and `tracks` are
+    known once the object is made; the scratch directory is removed when `steps()` ends or
+    the object is closed."""
+
+    def __init__(
+        self,
+        path: str,
+        strings: StringTable,
+        span_index: int,
+        scratch_parent: str,
+        part_events: int = PART_EVENTS,
+        batch_events: int = BATCH_EVENTS,
+        memory_bytes: int | None = None,
+    ) -> None:
+        from tessera_tb.trace import run_placement
+
+        self.path = path
+        self.strings = strings
+        self.span_index = span_index
+        self.part_events = max(1, part_events)
+        self.memory_bytes = memory_bytes
+        self.warnings: list[str] = []
+        self.spill_dir = run_placement.make_staging_dir(scratch_parent, "spill")
+        try:
+            self._first = _FirstPass(path, self.spill_dir)
+            self.meta, self.json_bytes = self._read(batch_events)
+            self.base_ns = int(self.meta.get("baseTimeNanoseconds") or 0)
+            self._intern()
+            self._tracks()
+            self._plan = self._decide_steps()
+            self._parts = self._assign()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------ pass 1
+
+    def _read(self, batch_events: int) -> tuple[dict[str, Any], int]:
+        scanner = _kineto_scan.Scanner()
+        taken_strings = 0
+        size = 0
+        first = self._first
+
+        def take() -> None:
+            nonlocal taken_strings
+            batch = scanner.take(taken_strings)
+            taken_strings += len(batch["strings"])
+            first.add(batch)
+
+        try:
+            for piece in kineto_decode._prefetched(kineto_decode.iter_text(self.path)):
+                size += len(piece)
+                scanner.feed(piece)
+                if _pending_events(scanner, first) >= batch_events:
+                    take()
+            take()
+            rest = scanner.finish()
+        except _kineto_scan.Unsupported as exc:
+            raise TraceFormatError(self.path, f"not read by the streaming reader ({exc})") from None
+        if len(rest["ph"]):
+            # The last events came out of finish(): take them from its grouped columns.
+            first.add(_ungrouped(rest, sum(b.n for b in first.batches), taken_strings))
+        strings = rest["strings"]
+        first.text[len(first.text) :] = strings[len(first.text) :]
+        text = rest["top_text"]
+        spans = memoryview(rest["top"]).cast("q").tolist()
+        try:
+            meta = {
+                strings[k]: _ANY.decode(text[a:b])
+                for k, a, b in zip(spans[::3], spans[1::3], spans[2::3])
+            }
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+        if first.skipped:
+            self.warnings.append(
+                f"{self.path}: events of phase(s) {first.skipped} are not part of the Kineto "
+                "format; skipped"
+            )
+        kineto_decode._checked(
+            kineto_decode.RawTrace(path=self.path, events_text=b"", meta=meta, json_bytes=size)
+        )
+        return meta, size
+
+    # ------------------------------------------------------------------ whole-file tables
+
+    def _intern(self) -> None:
+        """Intern the file's strings in the order the whole-file columns intern them
+        (kineto_scanned.scanned_span_columns): canonical JSON of list arguments, each key's
+        string values (or JSON texts of mixed keys), flow categories, slice names, slice
+        categories. Every step's string table then lists its strings in the same order."""
+        f, text, strings = self._first, self._first.text, self.strings
+        u = f.uses
+        raw = _distinct(u.raw)
+        if raw.size:
+            decoded = _ANY.decode("[" + ",".join([text[i] for i in raw.tolist()]) + "]")
+            strings.intern_many([msgspec.json.encode(v).decode() for v in decoded])
+        by_key = _distinct(u.by_key)
+        keys_of = by_key >> 32
+        for k, sid in enumerate(f.key_sids.tolist()):
+            bits = f.key_bits[k]
+            if not bits or text[sid] in _PROMOTED:
+                continue
+            present = {code for code in range(8) if bits >> code & 1}
+            if present == {T_STR}:
+                for i in (by_key[keys_of == k] & 0xFFFFFFFF).tolist():
+                    strings.intern(text[i])
+            elif not (
+                present <= {1, 2}
+                or present == {T_INT}
+                or (T_FLOAT in present and present <= {T_INT, T_FLOAT, T_BIGINT})
+                or present == {T_RAW}
+            ):
+                intern_json(strings, self._mixed_values(k))
+        for group in (u.flow_cats, u.names, u.cats):
+            for i in _distinct(group).tolist():
+                strings.intern(text[i])
+        self._string_count = len(text)
+
+    def _mixed_values(self, k: int) -> list:
+        """The kept values of argument key `k`, in file order (a key of mixed types)."""
+        f = self._first
+        out: list = []
+        for b in f.batches:
+            with np.load(b.path) as z:
+                ev = z["arg_ev"].astype(np.int64) - b.first
+                ph_class = f.phase_class[z["ph"]]
+                t = z["arg_type"]
+                sel = (z["arg_key"] == k) & (t != T_NULL) & (ph_class[ev] == 1)
+                out.extend(_python_values(t[sel], z["arg_val"][sel], f.text).tolist())
+        return out
+
+    def _tracks(self) -> None:
+        f, text = self._first, self._first.text
+        self.track_table = Tracks()
+        pairs = list(f.slice_tracks) + [p for p in f.flow_tracks if p not in f.slice_tracks]
+        for p in pairs:
+            self.track_table.id_of((text[p >> 32], text[p & 0xFFFFFFFF]))
+        self.track_of_pair = {p: i for i, p in enumerate(pairs)}
+        n = len(pairs)
+        has_device = np.zeros(n, dtype=bool)
+        has_host = np.zeros(n, dtype=bool)
+        device_of: dict[int, int | None] = {}
+        stream_of: dict[int, int | None] = {}
+        for p, i in self.track_of_pair.items():
+            has_device[i] = f.has_device.get(p, False)
+            has_host[i] = f.has_host.get(p, False)
+            if p in f.first_device:
+                device_of[i], stream_of[i] = (self._int_arg(c) for c in f.first_device[p])
+        self.tracks = track_infos_from(
+            self.track_table, has_device, has_host, device_of, stream_of, f.meta_events
+        )
+
+    def _int_arg(self, code: tuple[int, int, int]) -> int | None:
+        """An argument's value when its key is an int64 column over the whole file."""
+        k, t, v = code
+        if k < 0 or self._first.key_bits[k] != 1 << T_INT:
+            return None
+        return int(v) if t == T_INT else None
+
+    def _decide_steps(self) -> _Plan:
+        f, base = self._first, self.base_ns
+        if f.markers:
+            nums = np.array([m[0] for m in f.markers], dtype=np.int64)
+            start = base + us_to_ns(np.array([m[2] for m in f.markers]))
+            dur = us_to_ns(np.array([m[3] for m in f.markers]))
+            order = np.argsort(start, kind="stable")
+            nums, start, dur = nums[order], start[order], dur[order]
+            if np.unique(nums).size != nums.size:
+                raise TraceFormatError(
+                    self.path, "two ProfilerStep events carry the same step number"
+                )
+            host_start, host_end = start, start + dur
+        else:
+            nums = np.array([self.span_index], dtype=np.int64)
+            lo = base + f.min_start_ns if f.min_start_ns is not None else base
+            hi = base + f.max_end_ns if f.max_end_ns is not None else base
+            host_start, host_end = np.array([lo]), np.array([hi])
+        corr = np.concatenate(f.launch_corr) if f.launch_corr else np.zeros(0, np.int64)
+        lts = np.concatenate(f.launch_ts) if f.launch_ts else np.zeros(0)
+        # The first launch call of each correlation id (the whole file links the first).
+        order = np.argsort(corr, kind="stable")
+        corr, lts = corr[order], lts[order]
+        keep = np.ones(corr.size, dtype=bool)
+        keep[1:] = corr[1:] != corr[:-1]
+        corr, lts = corr[keep], lts[keep]
+        launch_step = self._host_step(host_start, base + us_to_ns(lts))
+        self._host_end = host_end
+        return _Plan(nums, host_start, host_start.copy(), host_end.copy(), corr, launch_step)
+
+    @staticmethod
+    def _host_step(host_start: np.ndarray, start_ns: np.ndarray) -> np.ndarray:
+        return np.clip(
+            np.searchsorted(host_start, start_ns, side="right") - 1, 0, host_start.size - 1
+        )
+
+    # ------------------------------------------------------------------ pass 2
+
+    def _event_steps(self, z, b: _Batch) -> tuple[np.ndarray, np.ndarray]:
+        """(step index of each event of a batch, -1 for events that are neither slices nor
+        flow points; end ns of device work, else min int64)."""
+        f, plan = self._first, self._plan
+        ph_class = f.phase_class[z["ph"]]
+        n = b.n
+        ts_ns = self.base_ns + us_to_ns(z["ts"])
+        step = np.full(n, -1, dtype=np.int64)
+        work_end = np.full(n, np.iinfo(np.int64).min, dtype=np.int64)
+        sl = np.flatnonzero(ph_class == 1)
+        fl = np.flatnonzero(ph_class == 2)
+        step[sl] = self._host_step(plan.host_start, ts_ns[sl])
+        step[fl] = self._host_step(plan.host_start, ts_ns[fl])
+        ev_local = z["arg_ev"].astype(np.int64) - b.first
+        keep = (ph_class[ev_local] == 1) & (z["arg_type"] != T_NULL)
+        c = {k: z[k] for k in ("arg_key", "arg_type", "arg_val")}
+        corr = _promoted(c, ev_local, keep, sl, n, f.text, f.key_sids, CORRELATION_KEYS)
+        kind = f.cat_kind[z["cat"][sl]]
+        device = IS_DEVICE_WORK[kind] & (corr != 0)
+        if device.any() and plan.launch_corr.size:
+            pos = np.searchsorted(plan.launch_corr, corr[device])
+            pos_c = np.minimum(pos, plan.launch_corr.size - 1)
+            hit = plan.launch_corr[pos_c] == corr[device]
+            rows = sl[device][hit]
+            step[rows] = plan.launch_step[pos_c[hit]]
+        is_x = f.is_x[z["ph"][sl]]
+        work = IS_DEVICE_WORK[kind]
+        dur_ns = np.where(is_x, us_to_ns(np.where(is_x, z["dur"][sl], 0.0)), 0)
+        work_end[sl[work]] = (ts_ns[sl] + dur_ns)[work]
+        # A flow point on a device track goes with the launch its id names (a kernel's
+        # flow end sits on the kernel, whose step is its launch's).
+        if fl.size and plan.launch_corr.size:
+            pair = (z["pid"][fl].astype(np.int64) << 32) | z["tid"][fl].astype(np.int64)
+            on_device = np.array([f.has_device.get(p, False) for p in pair.tolist()], bool)
+            fid = z["id_val"][fl]
+            sel = np.flatnonzero(on_device & (z["id_sid"][fl] < 0))
+            if sel.size:
+                pos = np.searchsorted(plan.launch_corr, fid[sel])
+                pos_c = np.minimum(pos, plan.launch_corr.size - 1)
+                hit = plan.launch_corr[pos_c] == fid[sel]
+                step[fl[sel[hit]]] = plan.launch_step[pos_c[hit]]
+        return step, work_end
+
+    def _assign(self) -> list[tuple[int, int]]:
+        """Each batch's event steps (spilled beside it) and the parts: runs of consecutive
+        steps of at most part_events events (a larger step alone)."""
+        plan = self._plan
+        n_steps = plan.numbers.size
+        counts = np.zeros(n_steps, dtype=np.int64)
+        work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
+        for b in self._first.batches:
+            with np.load(b.path) as z:
+                step, wend = self._event_steps(z, b)
+            np.save(b.path + ".step.npy", step)
+            got = step >= 0
+            counts += np.bincount(step[got], minlength=n_steps)
+            np.maximum.at(work_end, step[got], wend[got])
+        span_end = np.maximum(self._host_end, work_end)
+        span_start = plan.host_start.copy()
+        for i in range(1, n_steps):
+            span_start[i] = max(plan.host_start[i], span_end[i - 1])
+            span_end[i] = max(span_end[i], span_start[i])
+        plan.span_start, plan.span_end = span_start, span_end
+        self.step_events = counts
+        room = self.memory_bytes if self.memory_bytes is not None else available_memory_bytes()
+        biggest = int(np.argmax(counts)) if n_steps else 0
+        if n_steps and counts[biggest] * STEP_BYTES_PER_EVENT > room:
+            share = self.json_bytes * counts[biggest] / max(1, counts.sum())
+            raise StepTooLarge(
+                self.path,
+                f"step {int(plan.numbers[biggest])} holds {int(counts[biggest]):,} events "
+                f"(about {share / 1e6:,.0f} MB of the trace's JSON); building it takes about "
+                f"{counts[biggest] * STEP_BYTES_PER_EVENT / 1e6:,.0f} MB and "
+                f"{room / 1e6:,.0f} MB are free: import it on a machine with more memory, "
+                "or profile fewer iterations per step",
+            )
+        parts: list[tuple[int, int]] = []
+        lo, total = 0, 0
+        for i in range(n_steps):
+            if i > lo and total + counts[i] > self.part_events:
+                parts.append((lo, i))
+                lo, total = i, 0
+            total += int(counts[i])
+        if n_steps:
+            parts.append((lo, n_steps))
+        self._split_batches(parts)
+        return parts
+
+    def _split_batches(self, parts: list[tuple[int, int]]) -> None:
+        """Regroup the spilled batches by part: part p's events of batch b in one file."""
+        bounds = np.array([lo for lo, _ in parts] + [parts[-1][1] if parts else 0])
+        self._part_files: list[list[str]] = [[] for _ in parts]
+        for bi, b in enumerate(self._first.batches):
+            step = np.load(b.path + ".step.npy")
+            with np.load(b.path) as z:
+                cols = {k: z[k] for k in _COLUMN_TYPES}
+            part_of = np.searchsorted(bounds, step, side="right") - 1
+            part_of[step < 0] = -1
+            ev_local = cols["arg_ev"].astype(np.int64) - b.first
+            arg_part = part_of[ev_local] if ev_local.size else np.zeros(0, np.int64)
+            for p in np.unique(part_of[part_of >= 0]).tolist():
+                sel = np.flatnonzero(part_of == p)
+                asel = np.flatnonzero(arg_part == p)
+                out = {k: cols[k][sel] for k in _EVENT_COLUMNS}
+                out.update({k: cols[k][asel] for k in ("arg_ev", "arg_key", "arg_type", "arg_val")})
+                out["row"] = (b.first + sel).astype(np.int64)
+                out["step"] = step[sel]
+                path = os.path.join(self.spill_dir, f"part_{p:06d}_{bi:06d}.npz")
+                np.savez(path, **out)
+                self._part_files[p].append(path)
+            os.unlink(b.path)
+            os.unlink(b.path + ".step.npy")
+
+    # ------------------------------------------------------------------ pass 3
+
+    @property
+    def event_count(self) -> int:
+        return self._first.slices
+
+    @property
+    def step_count(self) -> int:
+        return int(self._plan.numbers.size)
+
+    def steps(self) -> Iterator[StepData]:
+        """The file's steps in step order, one part built at a time."""
+        unbound = [0, 0]
+        try:
+            for p, (lo, hi) in enumerate(self._parts):
+                span = self._part_span(p, lo, hi, unbound)
+                yield from span.steps
+                del span
+            if unbound[0]:
+                self.warnings.append(
+                    f"{self.path}: {unbound[0]} of {unbound[1]} flow points bind to no event"
+                )
+        finally:
+            self.close()
+
+    def _part_span(self, p: int, lo: int, hi: int, unbound: list[int]) -> SpanStream:
+        f, plan = self._first, self._plan
+        chunks = []
+        for path in self._part_files[p]:
+            with np.load(path) as z:
+                chunks.append({k: z[k] for k in z.files})
+            os.unlink(path)
+        if chunks:
+            cols = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+        else:
+            cols = {k: np.zeros(0, dtype=t) for k, t in _COLUMN_TYPES.items()}
+            cols.update(row=np.zeros(0, np.int64), step=np.zeros(0, np.int64))
+        del chunks
+        rows = cols["row"]
+        ev = np.searchsorted(rows, cols["arg_ev"].astype(np.int64))
+        order = np.argsort(cols["arg_key"], kind="stable")
+        nkeys = f.key_sids.size
+        key_start = np.zeros(nkeys + 1, dtype=np.int64)
+        key_start[1:] = np.cumsum(np.bincount(cols["arg_key"], minlength=nkeys))
+        scan = {
+            "strings": f.text,
+            "n": int(rows.size),
+            **{k: np.ascontiguousarray(cols[k]) for k in _EVENT_COLUMNS},
+            "arg_ev": ev[order].astype(np.int32),
+            "arg_type": cols["arg_type"][order],
+            "arg_val": cols["arg_val"][order],
+            "arg_key_sid": f.key_sids,
+            "arg_key_start": key_start,
+        }
+        step_local = cols["step"] - lo
+        ph_class = f.phase_class[cols["ph"]]
+        context = FileContext(self.track_table, f.meta_events, f.key_bits)
+        span_cols = scanned_span_columns(scan, self.path, self.strings, self.base_ns, context)
+        span_cols.skipped_phases = {}
+        del scan
+        step_plan = StepPlan(
+            step_numbers=plan.numbers[lo:hi],
+            span_start=plan.span_start[lo:hi],
+            span_end=plan.span_end[lo:hi],
+            step_of=step_local[ph_class == 1],
+            flow_step=step_local[ph_class == 2],
+            tracks=self.tracks,
+            unbound_flows=unbound,
+        )
+        return span_of_columns(
+            span_cols, self.path, self.strings, self.span_index, self.base_ns, step_plan
+        )
+
+    def close(self) -> None:
+        shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+
+def _pending_events(scanner, first: _FirstPass) -> int:
+    """Events the scanner holds not taken yet (its n counts every event read)."""
+    return scanner.events_read() - sum(b.n for b in first.batches)
+
+
+def _distinct(parts: list[np.ndarray]) -> np.ndarray:
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
+
+
+def _ungrouped(rest: dict[str, Any], first: int, taken_strings: int) -> dict[str, Any]:
+    """finish()'s remaining columns (arguments grouped by key) in take()'s shape."""
+    bounds = np.frombuffer(rest["arg_key_start"], dtype=np.int64)
+    keys = np.repeat(np.arange(bounds.size - 1, dtype=np.int32), np.diff(bounds))
+    ev = np.frombuffer(rest["arg_ev"], dtype=np.int32)
+    order = np.lexsort((np.arange(ev.size), ev))  # back to event order, keys in key order
+    out = {k: rest[k] for k in _EVENT_COLUMNS}
+    out.update(
+        first=first,
+        n=len(rest["ph"]) // 4,
+        strings=rest["strings"][taken_strings:],
+        arg_ev=ev[order].tobytes(),
+        arg_key=keys[order].tobytes(),
+        arg_type=np.frombuffer(rest["arg_type"], dtype=np.uint8)[order].tobytes(),
+        arg_val=np.frombuffer(rest["arg_val"], dtype=np.int64)[order].tobytes(),
+        arg_key_sid=rest["arg_key_sid"],
+    )
+    return out
