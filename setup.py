@@ -38,8 +38,8 @@ setup(
         # Typed JSON decoding: 3-5x faster than json.load on Kineto traces and no
         # intermediate dicts for the event envelope (bench/ingest.py measures it).
         "msgspec>=0.18",
-        # ISA-L's deflate for the step files' columns: ~4x faster writes, ~2x faster reads
-        # than zlib, same streams (trace/columns.py falls back to zlib where it is missing).
+        # ISA-L's inflate for the step files' columns and gzip traces: ~2x faster reads than
+        # zlib (trace/columns.py falls back to zlib where it is missing).
         "isal>=1.6",
     ],
     extras_require={

@@ -26,7 +26,7 @@ import msgspec
 # so the module loads with the importer rather than in the middle of the first import.
 import numpy.ma  # noqa: F401
 
-from tessera_tb.importers import kineto_decode, nvml_csv
+from tessera_tb.importers import kineto_decode, kineto_stream, nvml_csv
 from tessera_tb.importers.kineto_span import StringTable, stream_span
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import layout, run_placement
@@ -230,6 +230,28 @@ def _capabilities(meta: pb.WorkerMeta, trace, kinds_seen: set[str], nvml_path: s
     return caps
 
 
+def _read_span(path, strings, span_index, run_dir, progress, worker):
+    """(RawTrace of the file's top level, SpanStream of its steps, the StreamedFile or
+    None). A large file is read in bounded memory (kineto_stream), in three passes over
+    scratch files beside the run; others whole, which is faster."""
+    if kineto_stream.should_stream(path):
+        try:
+            streamed = kineto_stream.StreamedFile(
+                path, strings, span_index, os.path.dirname(os.path.abspath(run_dir))
+            )
+        except kineto_stream.StreamUnsupported:
+            pass  # the whole-file reader takes it (and names its problem)
+        else:
+            progress(
+                f"{worker}: {os.path.basename(path)}: read in bounded memory, "
+                f"{streamed.step_count} steps in {len(streamed.parts)} part(s)"
+            )
+            return streamed.as_trace(), streamed.as_span(), streamed
+    trace = kineto_decode.read_trace(path)
+    base_ns = int(trace.meta.get("baseTimeNanoseconds") or 0)
+    return trace, stream_span(trace, strings, span_index, base_ns), None
+
+
 class StepWriterThread:
     """Calls `write(step)` for each step put, in order, in one thread of its own: step
     encoding spends most of its time in compression and file writes, which release the GIL,
@@ -294,10 +316,7 @@ def _import_worker(
         t0 = time.perf_counter()
         size = os.path.getsize(path)
         progress(f"{worker}: reading {os.path.basename(path)} ({size / 1e6:.1f} MB)")
-        trace = kineto_decode.read_trace(path)
-        base_ns = int(trace.meta.get("baseTimeNanoseconds") or 0)
-        span = stream_span(trace, strings, span_index, base_ns)
-        warnings.extend(span.warnings)
+        trace, span, streamed = _read_span(path, strings, span_index, run_dir, progress, worker)
         if writer is None:
             first_trace = trace
             meta = worker_meta_from_trace(worker, trace, files)
@@ -332,13 +351,16 @@ def _import_worker(
                 result.steps.append(step.step)
                 written += 1
                 del step
+        warnings.extend(span.warnings)
         result.events += span.event_count
         result.json_bytes += trace.json_bytes
         progress(
             f"{worker}: {os.path.basename(path)}: {span.event_count:,} events, "
             f"{written} of {span.step_count} steps written ({time.perf_counter() - t0:.2f} s)"
         )
-        del trace, span
+        if streamed is not None:
+            streamed.close()
+        del trace, span, streamed
     _capabilities(writer.meta, first_trace, kinds_seen, nvml_path)
     writer.close()
     result.bytes_written = writer.bytes_written

@@ -79,10 +79,10 @@ from tessera_tb.importers.kineto_span import (
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import IS_DEVICE_WORK, IS_LAUNCH, KIND, StepData
 
-# Events per batch of the first pass: about 80 MB of scanner columns at most.
-BATCH_EVENTS = 1 << 19
-# Events per part of the third pass: about 350 MB while its steps are built.
-PART_EVENTS = 1 << 20
+# Events per batch of the first pass (about 20 MB of scanner columns).
+BATCH_EVENTS = 1 << 17
+# Events per part of the third pass (about 100 MB while its steps are built).
+PART_EVENTS = 1 << 18
 # Peak bytes per event while a step is built (measured: ~310 on the shared traces' copies).
 STEP_BYTES_PER_EVENT = 400
 _ANY = msgspec.json.Decoder()
@@ -106,6 +106,38 @@ _COLUMN_TYPES = {
 
 class StepTooLarge(TraceFormatError):
     """One step holds more events than memory allows building at once."""
+
+
+class StreamUnsupported(Exception):
+    """The C scanner declines the file (or is not built): the whole-file reader takes it."""
+
+
+# Files whose JSON text is larger than this are read by this module (`import_traces`);
+# TESSERA_IMPORT_STREAM=always|never overrides.
+STREAM_ABOVE_BYTES = 128 << 20
+
+
+def text_bytes_estimate(path: str) -> int:
+    """The JSON text's size: a plain file's size, or a gzip file's trailer (ISIZE, the
+    size mod 4 GiB; a trailer smaller than the file itself means past 4 GiB)."""
+    size = os.path.getsize(path)
+    try:
+        with open(path, "rb") as f:
+            if f.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            f.seek(-4, os.SEEK_END)
+            isize = int.from_bytes(f.read(4), "little")
+    except OSError:
+        return size
+    return isize if isize >= size else isize + (1 << 32)
+
+
+def should_stream(path: str) -> bool:
+    """Whether `import_traces` reads `path` with this module (bounded memory)."""
+    mode = os.environ.get("TESSERA_IMPORT_STREAM", "auto").lower()
+    if mode in ("never", "0", "off") or not kineto_decode.scanner_available():
+        return False
+    return mode in ("always", "1", "on") or text_bytes_estimate(path) > STREAM_ABOVE_BYTES
 
 
 def available_memory_bytes() -> int:
@@ -142,12 +174,43 @@ def available_memory_bytes() -> int:
 
 
 @dataclass
+class _Spilled:
+    """Arrays written back to back into one scratch file, and where each one is."""
+
+    path: str
+    index: dict[str, tuple[np.dtype, int, int]]  # name -> (dtype, offset, count)
+
+
+def _spill(path: str, arrays: dict[str, np.ndarray]) -> _Spilled:
+    index = {}
+    offset = 0
+    with open(path, "wb") as f:
+        for name, arr in arrays.items():
+            arr = np.ascontiguousarray(arr)
+            f.write(memoryview(arr).cast("B"))
+            index[name] = (arr.dtype, offset, arr.size)
+            offset += arr.nbytes
+    return _Spilled(path, index)
+
+
+def _unspill(sp: _Spilled, names=None) -> dict[str, np.ndarray]:
+    out = {}
+    with open(sp.path, "rb") as f:
+        for name in names or sp.index:
+            dtype, offset, count = sp.index[name]
+            f.seek(offset)
+            out[name] = np.fromfile(f, dtype=dtype, count=count)
+    return out
+
+
+@dataclass
 class _Batch:
     """One spilled batch: where its columns are, and its event range."""
 
-    path: str
+    cols: _Spilled
     first: int
     n: int
+    step: _Spilled | None = None
 
 
 @dataclass
@@ -190,6 +253,7 @@ class _FirstPass:
         self.launch_corr: list[np.ndarray] = []
         self.launch_ts: list[np.ndarray] = []
         self.slices = 0
+        self.first_categories: set[str] = set()
         self.min_start_ns: int | None = None
         self.max_end_ns: int | None = None
 
@@ -239,12 +303,13 @@ class _FirstPass:
             return
         cols = {k: np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k]) for k in _COLUMN_TYPES}
         self._note(cols, first, n)
-        path = os.path.join(self.spill_dir, f"batch_{len(self.batches):06d}.npz")
-        np.savez(path, **cols)
-        self.batches.append(_Batch(path, first, n))
+        path = os.path.join(self.spill_dir, f"batch_{len(self.batches):06d}")
+        self.batches.append(_Batch(_spill(path, cols), first, n))
 
     def _note(self, c: dict[str, np.ndarray], first: int, n: int) -> None:
         path, text = self.path, self.text
+        if first < 5000:
+            self.first_categories.update(text[i] for i in np.unique(c["cat"][: 5000 - first]))
         ph_class = self.phase_class[c["ph"]]
         rows = np.arange(first, first + n, dtype=np.int64)
         sl = np.flatnonzero(ph_class == 1)
@@ -403,10 +468,12 @@ class StreamedFile:
         strings: StringTable,
         span_index: int,
         scratch_parent: str,
-        part_events: int = PART_EVENTS,
-        batch_events: int = BATCH_EVENTS,
+        part_events: int | None = None,
+        batch_events: int | None = None,
         memory_bytes: int | None = None,
     ) -> None:
+        part_events = PART_EVENTS if part_events is None else part_events
+        batch_events = BATCH_EVENTS if batch_events is None else batch_events
         from tessera_tb.trace import run_placement
 
         self.path = path
@@ -423,7 +490,7 @@ class StreamedFile:
             self._intern()
             self._tracks()
             self._plan = self._decide_steps()
-            self._parts = self._assign()
+            self.parts = self._assign()
         except BaseException:
             self.close()
             raise
@@ -451,7 +518,7 @@ class StreamedFile:
             take()
             rest = scanner.finish()
         except _kineto_scan.Unsupported as exc:
-            raise TraceFormatError(self.path, f"not read by the streaming reader ({exc})") from None
+            raise StreamUnsupported(str(exc)) from None
         if len(rest["ph"]):
             # The last events came out of finish(): take them from its grouped columns.
             first.add(_ungrouped(rest, sum(b.n for b in first.batches), taken_strings))
@@ -516,12 +583,12 @@ class StreamedFile:
         f = self._first
         out: list = []
         for b in f.batches:
-            with np.load(b.path) as z:
-                ev = z["arg_ev"].astype(np.int64) - b.first
-                ph_class = f.phase_class[z["ph"]]
-                t = z["arg_type"]
-                sel = (z["arg_key"] == k) & (t != T_NULL) & (ph_class[ev] == 1)
-                out.extend(_python_values(t[sel], z["arg_val"][sel], f.text).tolist())
+            z = _unspill(b.cols, ("ph", "arg_ev", "arg_key", "arg_type", "arg_val"))
+            ev = z["arg_ev"].astype(np.int64) - b.first
+            ph_class = f.phase_class[z["ph"]]
+            t = z["arg_type"]
+            sel = (z["arg_key"] == k) & (t != T_NULL) & (ph_class[ev] == 1)
+            out.extend(_python_values(t[sel], z["arg_val"][sel], f.text).tolist())
         return out
 
     def _tracks(self) -> None:
@@ -641,9 +708,10 @@ class StreamedFile:
         counts = np.zeros(n_steps, dtype=np.int64)
         work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
         for b in self._first.batches:
-            with np.load(b.path) as z:
-                step, wend = self._event_steps(z, b)
-            np.save(b.path + ".step.npy", step)
+            z = _unspill(b.cols, [k for k in _COLUMN_TYPES if k != "name"])
+            step, wend = self._event_steps(z, b)
+            del z
+            b.step = _spill(b.cols.path + ".step", {"step": step})
             got = step >= 0
             counts += np.bincount(step[got], minlength=n_steps)
             np.maximum.at(work_end, step[got], wend[got])
@@ -681,11 +749,10 @@ class StreamedFile:
     def _split_batches(self, parts: list[tuple[int, int]]) -> None:
         """Regroup the spilled batches by part: part p's events of batch b in one file."""
         bounds = np.array([lo for lo, _ in parts] + [parts[-1][1] if parts else 0])
-        self._part_files: list[list[str]] = [[] for _ in parts]
+        self._part_files: list[list[_Spilled]] = [[] for _ in parts]
         for bi, b in enumerate(self._first.batches):
-            step = np.load(b.path + ".step.npy")
-            with np.load(b.path) as z:
-                cols = {k: z[k] for k in _COLUMN_TYPES}
+            step = _unspill(b.step)["step"]
+            cols = _unspill(b.cols)
             part_of = np.searchsorted(bounds, step, side="right") - 1
             part_of[step < 0] = -1
             ev_local = cols["arg_ev"].astype(np.int64) - b.first
@@ -697,11 +764,11 @@ class StreamedFile:
                 out.update({k: cols[k][asel] for k in ("arg_ev", "arg_key", "arg_type", "arg_val")})
                 out["row"] = (b.first + sel).astype(np.int64)
                 out["step"] = step[sel]
-                path = os.path.join(self.spill_dir, f"part_{p:06d}_{bi:06d}.npz")
-                np.savez(path, **out)
-                self._part_files[p].append(path)
-            os.unlink(b.path)
-            os.unlink(b.path + ".step.npy")
+                path = os.path.join(self.spill_dir, f"part_{p:06d}_{bi:06d}")
+                self._part_files[p].append(_spill(path, out))
+            del cols
+            os.unlink(b.cols.path)
+            os.unlink(b.step.path)
 
     # ------------------------------------------------------------------ pass 3
 
@@ -717,7 +784,7 @@ class StreamedFile:
         """The file's steps in step order, one part built at a time."""
         unbound = [0, 0]
         try:
-            for p, (lo, hi) in enumerate(self._parts):
+            for p, (lo, hi) in enumerate(self.parts):
                 span = self._part_span(p, lo, hi, unbound)
                 yield from span.steps
                 del span
@@ -731,10 +798,9 @@ class StreamedFile:
     def _part_span(self, p: int, lo: int, hi: int, unbound: list[int]) -> SpanStream:
         f, plan = self._first, self._plan
         chunks = []
-        for path in self._part_files[p]:
-            with np.load(path) as z:
-                chunks.append({k: z[k] for k in z.files})
-            os.unlink(path)
+        for sp in self._part_files[p]:
+            chunks.append(_unspill(sp))
+            os.unlink(sp.path)
         if chunks:
             cols = {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
         else:
@@ -778,6 +844,26 @@ class StreamedFile:
 
     def close(self) -> None:
         shutil.rmtree(self.spill_dir, ignore_errors=True)
+
+    def as_trace(self) -> kineto_decode.RawTrace:
+        """A RawTrace of the file's top-level members (no events), for the worker's meta."""
+        trace = kineto_decode.RawTrace(
+            path=self.path, events_text=b"", meta=self.meta, json_bytes=self.json_bytes
+        )
+        trace._released = (self.event_count, self._first.first_categories)
+        return trace
+
+    def as_span(self) -> SpanStream:
+        """The file as a SpanStream: its steps made as they are iterated; `warnings` gains
+        the flow warning once they all were."""
+        return SpanStream(
+            steps=self.steps(),
+            step_count=self.step_count,
+            tracks=self.tracks,
+            event_count=self.event_count,
+            base_ns=self.base_ns,
+            warnings=self.warnings,
+        )
 
 
 def _pending_events(scanner, first: _FirstPass) -> int:

@@ -1,0 +1,171 @@
+"""Large traces are read in bounded memory (kineto_stream): scanned in batches spilled to a
+scratch directory, steps decided on whole-file tables, built a run of steps at a time. The
+run equals the whole-file import's byte for byte, on every shared trace, whatever the batch
+and part sizes; a step larger than memory allows fails with a message naming it; damage
+in the middle of the file leaves nothing behind (no run, no scratch directory)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+
+import pytest
+
+from tessera_tb.importers import kineto_decode, kineto_import, kineto_stream
+from tessera_tb.importers.kineto_span import StringTable, stream_span
+from tessera_tb.trace.writer import step_to_proto
+from tests.conftest import (
+    SHARED_TRACES,
+    assert_same_files,
+    file_contents,
+    shared_trace_files,
+    trace_id,
+)
+
+if kineto_decode._kineto_scan is None:
+    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
+        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
+    pytestmark = pytest.mark.skip(reason="the C scanner is not built (no C compiler)")
+
+DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
+FSDP = os.path.join(SHARED_TRACES, "pytorch", "fsdp_gpt_4rank")
+GPT = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
+
+
+def _whole(path: str) -> list[tuple[int, bytes]]:
+    trace = kineto_decode.read_trace(path)
+    base = int(trace.meta.get("baseTimeNanoseconds") or 0)
+    span = stream_span(trace, StringTable(), 0, base)
+    return [(s.step, step_to_proto(s).SerializeToString()) for s in span.steps]
+
+
+def _bounded(path: str, scratch, **sizes) -> tuple[list[tuple[int, bytes]], object]:
+    f = kineto_stream.StreamedFile(path, StringTable(), 0, str(scratch), **sizes)
+    steps = [(s.step, step_to_proto(s).SerializeToString()) for s in f.steps()]
+    return steps, f
+
+
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_every_step_equals_the_whole_file_import_byte_for_byte(path, tmp_path):
+    want = _whole(path)
+    # One step per part, batches of 2,000 events: every boundary the reader has is crossed.
+    got, f = _bounded(path, tmp_path, part_events=1, batch_events=2000)
+    assert [s for s, _ in got] == [s for s, _ in want]
+    assert [b for _, b in got] == [b for _, b in want]
+    assert f.parts == [(i, i + 1) for i in range(len(want))]
+    assert f.warnings == []
+    # One part for the whole file.
+    got, f = _bounded(path, tmp_path, part_events=10**9, batch_events=10**9)
+    assert got == want and len(f.parts) == 1
+    assert os.listdir(tmp_path) == []  # the scratch directories are gone
+
+
+@pytest.mark.parametrize("traces", [DDP, FSDP, GPT], ids=os.path.basename)
+def test_an_import_read_in_bounded_memory_writes_the_same_run(traces, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "never")
+    whole = kineto_import.import_traces([traces], str(tmp_path / "a"), "r")
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "always")
+    lines: list[str] = []
+    bounded = kineto_import.import_traces([traces], str(tmp_path / "b"), "r", progress=lines.append)
+    assert any("read in bounded memory" in line for line in lines)
+    # NVML counters, capabilities, the index and scalars too; event files differ only in
+    # their first record (the time they were opened).
+    a, b = file_contents(whole.run_dir), file_contents(bounded.run_dir)
+    a, b = ({k: v for k, v in d.items() if "tfevents" not in k} for d in (a, b))
+    assert_same_files(b, a)
+    assert [w.steps for w in bounded.workers] == [w.steps for w in whole.workers]
+    assert bounded.events == whole.events and bounded.json_bytes == whole.json_bytes
+    assert sorted(os.listdir(tmp_path / "b")) == ["r"]  # no scratch directory left
+
+
+def test_the_size_estimate_reads_the_gzip_trailer(tmp_path):
+    text = b'{"traceEvents": []}' * 1000
+    gz = tmp_path / "t.json.gz"
+    gz.write_bytes(gzip.compress(text))
+    plain = tmp_path / "t.json"
+    plain.write_bytes(text)
+    assert kineto_stream.text_bytes_estimate(str(gz)) == len(text)
+    assert kineto_stream.text_bytes_estimate(str(plain)) == len(text)
+
+
+def test_a_step_larger_than_memory_allows_fails_naming_it(tmp_path):
+    path = os.path.join(GPT, sorted(f for f in os.listdir(GPT) if f.endswith(".gz"))[0])
+    fits = kineto_stream.StreamedFile(path, StringTable(), 0, str(tmp_path))
+    fits.close()
+    counts = dict(zip(fits._plan.numbers.tolist(), fits.step_events.tolist()))
+    biggest = max(counts, key=counts.get)
+    # Every slice and flow point of the file counts in one step (counted here from the JSON).
+    with gzip.open(path) as fh:
+        events = json.load(fh)["traceEvents"]
+    assert sum(counts.values()) == sum(e["ph"] in ("X", "i", "I", "s", "t", "f") for e in events)
+    need = counts[biggest] * kineto_stream.STEP_BYTES_PER_EVENT
+    with pytest.raises(kineto_stream.StepTooLarge) as err:
+        kineto_stream.StreamedFile(path, StringTable(), 0, str(tmp_path), memory_bytes=need - 1)
+    message = str(err.value)
+    assert message.startswith(f"{path}: step {biggest} holds {counts[biggest]:,} events")
+    assert "MB are free" in message and "\n" not in message
+    # Exactly enough memory: it is read.
+    kineto_stream.StreamedFile(path, StringTable(), 0, str(tmp_path), memory_bytes=need).close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_too_large_step_fails_the_import_and_leaves_the_old_run(tmp_path, monkeypatch):
+    logdir = tmp_path / "logdir"
+    kineto_import.import_traces([DDP], str(logdir), "r")
+    before = file_contents(logdir / "r")
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "always")
+    monkeypatch.setattr(kineto_stream, "available_memory_bytes", lambda: 1 << 20)
+    with pytest.raises(kineto_import.ImportFailed) as err:
+        kineto_import.import_traces([GPT], str(logdir), "r", overwrite=True)
+    assert "holds" in str(err.value) and "MB are free" in str(err.value)
+    assert_same_files(file_contents(logdir / "r"), before)
+    assert sorted(os.listdir(logdir)) == ["r"]
+
+
+def _big_gzip(copies: int) -> tuple[bytes, bytes]:
+    """A valid trace of many MB (the DDP rank's events repeated), gzipped: (text, file)."""
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    text = gzip.decompress(open(path, "rb").read())
+    head, sep, rest = text.partition(b'"traceEvents": [')
+    events, close, tail = rest.rpartition(b"]")
+    events = events.strip().rstrip(b",")
+    big = head + sep + b",\n".join([events] * copies) + close + tail
+    return big, gzip.compress(big, compresslevel=1)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "corrupt"])
+def test_damage_in_the_middle_leaves_no_run_and_no_scratch(damage, tmp_path, monkeypatch):
+    text, packed = _big_gzip(8)
+    if damage == "truncated":
+        packed = packed[: len(packed) * 2 // 3]
+    else:
+        at = len(packed) * 2 // 3
+        packed = packed[:at] + bytes(b ^ 0x5A for b in packed[at : at + 64]) + packed[at + 64 :]
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    bad = traces / "rank0.1.pt.trace.json.gz"
+    bad.write_bytes(packed)
+    logdir = tmp_path / "logdir"
+    kineto_import.import_traces([DDP], str(logdir), "run")
+    before = file_contents(logdir / "run")
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "always")
+    monkeypatch.setattr(kineto_stream, "BATCH_EVENTS", 5000)
+    batches = []
+    real_add = kineto_stream._FirstPass.add
+
+    def counting(self, batch):
+        batches.append(int(batch["n"]))
+        return real_add(self, batch)
+
+    monkeypatch.setattr(kineto_stream._FirstPass, "add", counting)
+    with pytest.raises(kineto_import.ImportFailed) as err:
+        kineto_import.import_traces([str(bad)], str(logdir), "run", overwrite=True)
+    message = str(err.value)
+    assert str(bad) in message and "\n" not in message
+    assert ("truncated gzip" in message) if damage == "truncated" else ("corrupt gzip" in message)
+    assert sum(batches) > 8 * 5000  # batches were spilled before the damage was met
+    assert_same_files(file_contents(logdir / "run"), before)
+    assert sorted(os.listdir(logdir)) == ["run"]  # no staging, no scratch directory
+    assert not [t for t in threading.enumerate() if t.name == "tessera-gunzip"]
