@@ -24,6 +24,9 @@ lies in another part (a slice that started in an earlier run of steps, or an anc
 by walking up the host tree across parts) is kept unbound in its own step. On the shared
 traces that never happens (tests compare both imports file for file).
 
+Without the C scanner, `_PureReader` makes the first pass's batches from the text in pieces
+(msgspec decodes them), holding one piece and one batch: the pure-Python path is bounded too.
+
 A step larger than memory allows (its events' estimated footprint, STEP_BYTES_PER_EVENT per
 event, over what the machine has free) stops the import with StepTooLarge, which names the
 step and its size, before anything of it is built.
@@ -32,6 +35,7 @@ step and its size, before anything of it is built.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -56,11 +60,13 @@ from tessera_tb.importers.kineto_columns import (
 from tessera_tb.importers.kineto_decode import RawEvent
 from tessera_tb.importers.kineto_scanned import (
     T_BIGINT,
+    T_FALSE,
     T_FLOAT,
     T_INT,
     T_NULL,
     T_RAW,
     T_STR,
+    T_TRUE,
     FileContext,
     _python_values,
     scanned_span_columns,
@@ -135,7 +141,7 @@ def text_bytes_estimate(path: str) -> int:
 def should_stream(path: str) -> bool:
     """Whether `import_traces` reads `path` with this module (bounded memory)."""
     mode = os.environ.get("TESSERA_IMPORT_STREAM", "auto").lower()
-    if mode in ("never", "0", "off") or not kineto_decode.scanner_available():
+    if mode in ("never", "0", "off"):
         return False
     return mode in ("always", "1", "on") or text_bytes_estimate(path) > STREAM_ABOVE_BYTES
 
@@ -498,6 +504,11 @@ class StreamedFile:
     # ------------------------------------------------------------------ pass 1
 
     def _read(self, batch_events: int) -> tuple[dict[str, Any], int]:
+        if not kineto_decode.scanner_available():
+            reader = self.pure_reader = _PureReader(self.path)
+            for batch in reader.batches(PURE_BATCH_EVENTS):
+                self._first.add(batch)
+            return self._finish_meta(reader.meta, reader.size)
         scanner = _kineto_scan.Scanner()
         taken_strings = 0
         size = 0
@@ -533,6 +544,10 @@ class StreamedFile:
             }
         except msgspec.DecodeError as exc:
             raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+        return self._finish_meta(meta, size)
+
+    def _finish_meta(self, meta: dict[str, Any], size: int) -> tuple[dict[str, Any], int]:
+        first = self._first
         if first.skipped:
             self.warnings.append(
                 f"{self.path}: events of phase(s) {first.skipped} are not part of the Kineto "
@@ -864,6 +879,233 @@ class StreamedFile:
             base_ns=self.base_ns,
             warnings=self.warnings,
         )
+
+
+# Events per batch on the pure-Python path: its events are Python objects (about 1 KB each).
+PURE_BATCH_EVENTS = 1 << 14
+_EVENT_LIST = msgspec.json.Decoder(list[RawEvent])
+_RAW_LIST = msgspec.json.Decoder(list[msgspec.Raw])
+_MEMBERS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_JSON = msgspec.json.Encoder()
+# Between two events of the list: the end of one object, a comma, the start of the next.
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class _PureReader:
+    """The pure-Python path's batches, in the shape of `Scanner.take` (no C compiler): the
+    text is read piece by piece, cut between events (msgspec checks every cut, so a cut
+    inside a string is never taken) and decoded a batch at a time; strings are interned in
+    the order of the fields Kineto writes (ph, cat, name, pid, tid, id, then each argument's
+    key and value), as the scanner meets them. Only one piece and one batch are held."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.size = 0
+        self.meta: dict[str, Any] = {}
+        self.strings: dict[str, int] = {"": 0, "0": 1}
+        self.new: list[str] = ["", "0"]
+        self.keys: dict[int, int] = {}  # string id of an args key -> its number
+        self.key_sids: list[int] = []
+        self.events = 0
+        self.max_text = 0  # the most text held at once, in bytes
+
+    def _sid(self, value: str) -> int:
+        i = self.strings.get(value)
+        if i is None:
+            i = self.strings[value] = len(self.strings)
+            self.new.append(value)
+        return i
+
+    def batches(self, batch_events: int) -> Iterator[dict[str, Any]]:
+        buf = b""
+        head_done = False
+        pieces = kineto_decode._prefetched(kineto_decode.iter_text(self.path))
+        for piece in pieces:
+            self.size += len(piece)
+            buf += piece
+            self.max_text = max(self.max_text, len(buf))
+            if not head_done:
+                start = self._head(buf)
+                if start is None:
+                    continue
+                buf, head_done = buf[start:], True
+            raw, cut, error = None, None, None
+            # The last few places that look like a cut between events, latest first: one
+            # inside a string (or damage) does not read, and an earlier one is tried.
+            for cut in self._cuts(buf)[:8]:
+                try:
+                    raw = _RAW_LIST.decode(b"[" + buf[: cut + 1] + b"]")
+                    break
+                except msgspec.DecodeError as exc:
+                    error = exc
+            if raw is None:
+                # Read on and cut at a later event; a text this long that still does not
+                # read is damaged.
+                if len(buf) > 256 << 20:
+                    raise TraceFormatError(self.path, f"not valid JSON ({error})") from None
+                continue
+            yield from self._batches_of(raw, batch_events)
+            buf = buf[cut + 1 :].lstrip()[1:]  # past the comma
+        if not head_done:
+            raise TraceFormatError(self.path, "JSON has no 'traceEvents' list: not a trace")
+        events_text, tail = self._split_tail(buf)
+        if events_text.strip():
+            yield from self._decode(events_text, batch_events)
+        try:
+            self.meta.update({k: _ANY.decode(v) for k, v in _MEMBERS.decode(tail).items()})
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+
+    def _head(self, buf: bytes) -> int | None:
+        """Where the first event starts, once the top-level members before the list are
+        read (into meta); None while the text so far does not reach the list."""
+        first = kineto_decode._FIRST_NON_SPACE.search(buf)
+        if first is None:
+            return None
+        if first.group() == b"[":  # a bare list of events
+            return first.end()
+        m = _EVENTS_KEY.search(buf)
+        if m is None:
+            if len(buf) > 64 << 20:
+                raise StreamUnsupported("no traceEvents list in the first 64 MB")
+            return None
+        before = buf[: m.start()].rstrip()
+        before = before[:-1] if before.endswith(b",") else before
+        try:
+            members = _MEMBERS.decode(before + b"}")
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise StreamUnsupported("the members before traceEvents do not read") from None
+        self.meta.update({k: _ANY.decode(v) for k, v in members.items()})
+        return m.end()
+
+    @staticmethod
+    def _cuts(buf: bytes) -> list[int]:
+        """Positions of a `}` followed by `,` and `{` (the end of an event, unless inside a
+        string), latest first: those of the last MB of `buf`, else of all of it."""
+        found = [m.start() for m in _BOUNDARY.finditer(buf, max(0, len(buf) - (1 << 20)))]
+        if not found:
+            found = [m.start() for m in _BOUNDARY.finditer(buf)]
+        return [c for c in reversed(found) if c > 0]
+
+    def _split_tail(self, buf: bytes) -> tuple[bytes, bytes]:
+        """(the last events' text, the top-level members after the list as an object)."""
+        end = len(buf)
+        while True:
+            close = buf.rfind(b"]", 0, end)
+            if close < 0:
+                raise TraceFormatError(self.path, "the traceEvents list does not end")
+            tail = buf[close + 1 :].strip()
+            if tail.startswith(b","):
+                tail = b"{" + tail[1:]
+            elif tail in (b"}", b""):
+                tail = b"{}"
+            try:
+                _MEMBERS.decode(tail)
+                _RAW_LIST.decode(b"[" + buf[:close] + b"]")
+                return buf[:close], tail
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                end = close
+
+    def _decode(self, text: bytes, batch_events: int) -> Iterator[dict[str, Any]]:
+        try:
+            raw = _RAW_LIST.decode(b"[" + text + b"]")
+        except msgspec.DecodeError as exc:
+            raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+        yield from self._batches_of(raw, batch_events)
+
+    def _batches_of(self, raw: list, batch_events: int) -> Iterator[dict[str, Any]]:
+        for lo in range(0, len(raw), batch_events):
+            part = raw[lo : lo + batch_events]
+            try:
+                events = _EVENT_LIST.decode(b"[" + b",".join(part) + b"]")
+            except msgspec.ValidationError as exc:
+                message = kineto_decode._describe_validation(exc, self.events + lo)
+                raise TraceFormatError(self.path, message) from None
+            yield self._columns(events)
+        self.events += len(raw)
+
+    def _columns(self, events: list[RawEvent]) -> dict[str, Any]:
+        n = len(events)
+        sid = self._sid
+        ph, cat, name = (np.zeros(n, np.int32) for _ in range(3))
+        pid, tid, id_sid = np.zeros(n, np.int32), np.zeros(n, np.int32), np.full(n, -1, np.int32)
+        ts, dur = np.full(n, np.nan), np.full(n, np.nan)
+        id_val = np.zeros(n, np.int64)
+        a_ev: list[int] = []
+        a_key: list[int] = []
+        a_type: list[int] = []
+        a_val: list[int] = []
+        first = self.events_taken()
+        for i, e in enumerate(events):
+            ph[i], cat[i], name[i] = sid(e.ph), sid(e.cat), sid(e.name)
+            pid[i] = sid(e.pid if isinstance(e.pid, str) else str(e.pid))
+            tid[i] = sid(e.tid if isinstance(e.tid, str) else str(e.tid))
+            if e.ts is not None:
+                ts[i] = e.ts
+            if e.dur is not None:
+                dur[i] = e.dur
+            if isinstance(e.id, str):
+                id_sid[i] = sid(e.id)
+            elif e.id is not None:
+                id_val[i] = e.id
+            if e.args:
+                for k, v in e.args.items():
+                    ks = sid(k)
+                    kn = self.keys.get(ks)
+                    if kn is None:
+                        kn = self.keys[ks] = len(self.key_sids)
+                        self.key_sids.append(ks)
+                    t, val = self._arg(v)
+                    a_ev.append(first + i)
+                    a_key.append(kn)
+                    a_type.append(t)
+                    a_val.append(val)
+        self._taken += n
+        new, self.new = self.new, []
+        return {
+            "first": first,
+            "n": n,
+            "strings": new,
+            "ph": ph,
+            "cat": cat,
+            "name": name,
+            "pid": pid,
+            "tid": tid,
+            "ts": ts,
+            "dur": dur,
+            "id_val": id_val,
+            "id_sid": id_sid,
+            "arg_ev": np.array(a_ev, dtype=np.int32),
+            "arg_key": np.array(a_key, dtype=np.int32),
+            "arg_type": np.array(a_type, dtype=np.uint8),
+            "arg_val": np.array(a_val, dtype=np.int64),
+            "arg_key_sid": np.array(self.key_sids, dtype=np.int32),
+        }
+
+    _taken = 0
+
+    def events_taken(self) -> int:
+        return self._taken
+
+    def _arg(self, v: Any) -> tuple[int, int]:
+        """(type code, payload) of one argument value, as the scanner codes it."""
+        if v is None:
+            return T_NULL, 0
+        if v is True:
+            return T_TRUE, 0
+        if v is False:
+            return T_FALSE, 0
+        if isinstance(v, int):
+            if _INT64[0] <= v <= _INT64[1]:
+                return T_INT, v
+            return T_BIGINT, self._sid(str(v))
+        if isinstance(v, float):
+            return T_FLOAT, int(np.float64(v).view(np.int64))
+        if isinstance(v, str):
+            return T_STR, self._sid(v)
+        return T_RAW, self._sid(_JSON.encode(v).decode())
 
 
 def _pending_events(scanner, first: _FirstPass) -> int:

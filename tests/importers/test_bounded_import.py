@@ -42,6 +42,7 @@ def _whole(path: str) -> list[tuple[int, bytes]]:
 
 
 def _bounded(path: str, scratch, **sizes) -> tuple[list[tuple[int, bytes]], object]:
+    os.makedirs(scratch, exist_ok=True)
     f = kineto_stream.StreamedFile(path, StringTable(), 0, str(scratch), **sizes)
     steps = [(s.step, step_to_proto(s).SerializeToString()) for s in f.steps()]
     return steps, f
@@ -60,6 +61,41 @@ def test_every_step_equals_the_whole_file_import_byte_for_byte(path, tmp_path):
     got, f = _bounded(path, tmp_path, part_events=10**9, batch_events=10**9)
     assert got == want and len(f.parts) == 1
     assert os.listdir(tmp_path) == []  # the scratch directories are gone
+
+
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_without_the_scanner_the_steps_are_the_scanners_byte_for_byte(path, tmp_path, monkeypatch):
+    want = _whole(path)  # the C scanner's whole-file import
+    monkeypatch.setenv("TESSERA_PURE_PYTHON", "1")
+    assert not kineto_decode.scanner_available()
+    got, f = _bounded(path, tmp_path, part_events=1, batch_events=2000)
+    assert got == want
+    assert f.pure_reader.events == f.pure_reader.events_taken() > 0
+
+
+def test_the_pure_reader_holds_one_piece_of_text_and_cuts_only_between_events(
+    tmp_path, monkeypatch
+):
+    # Events whose strings hold what separates two events ("},{"), read in pieces of 64 KB:
+    # a cut inside a string does not read, and the reader cuts at a later event instead.
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "op},{" + str(i % 7), "pid": 1, "tid": 1,
+         "ts": 1000.0 + i, "dur": 0.5, "args": {"note": "a}, {b" * (i % 3), "External id": i}}
+        for i in range(40000)
+    ]  # fmt: skip
+    events.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1,
+                   "tid": 1, "ts": 999.0, "dur": 50000.0})  # fmt: skip
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events, "traceName": "t"}))
+    want = _whole(str(path))
+    monkeypatch.setenv("TESSERA_PURE_PYTHON", "1")
+    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 64 << 10)
+    got, f = _bounded(str(path), tmp_path / "scratch", batch_events=5000)
+    assert got == want and len(got) == 1
+    assert f.meta == {"schemaVersion": 1, "traceName": "t"}
+    # The first read of a plain file is 1 MB (kineto_decode.READ_CHUNK), then 64 KB pieces.
+    held = kineto_decode.READ_CHUNK + 4 * (64 << 10)
+    assert f.pure_reader.max_text < held < os.path.getsize(path) / 4
 
 
 @pytest.mark.parametrize("traces", [DDP, FSDP, GPT], ids=os.path.basename)
@@ -135,8 +171,11 @@ def _big_gzip(copies: int) -> tuple[bytes, bytes]:
     return big, gzip.compress(big, compresslevel=1)
 
 
+@pytest.mark.parametrize("reader", ["scanner", "pure"])
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
-def test_damage_in_the_middle_leaves_no_run_and_no_scratch(damage, tmp_path, monkeypatch):
+def test_damage_in_the_middle_leaves_no_run_and_no_scratch(damage, reader, tmp_path, monkeypatch):
+    if reader == "pure":
+        monkeypatch.setenv("TESSERA_PURE_PYTHON", "1")
     text, packed = _big_gzip(8)
     if damage == "truncated":
         packed = packed[: len(packed) * 2 // 3]
