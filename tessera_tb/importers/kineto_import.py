@@ -237,7 +237,11 @@ def _read_span(path, strings, span_index, run_dir, progress, worker):
     if kineto_stream.should_stream(path):
         try:
             streamed = kineto_stream.StreamedFile(
-                path, strings, span_index, os.path.dirname(os.path.abspath(run_dir))
+                path,
+                strings,
+                span_index,
+                os.path.dirname(os.path.abspath(run_dir)),
+                progress=lambda msg: progress(f"{worker}: {msg}"),
             )
         except kineto_stream.StreamUnsupported:
             pass  # the whole-file reader takes it (and names its problem)

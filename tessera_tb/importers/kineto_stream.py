@@ -89,6 +89,8 @@ from tessera_tb.trace.step import IS_DEVICE_WORK, IS_LAUNCH, KIND, StepData
 BATCH_EVENTS = 1 << 17
 # Events per part of the third pass (about 100 MB while its steps are built).
 PART_EVENTS = 1 << 18
+# A progress line per this much JSON read.
+PROGRESS_BYTES = 1 << 30
 # Peak bytes per event while a step is built (measured: ~310 on the shared traces' copies).
 STEP_BYTES_PER_EVENT = 400
 _ANY = msgspec.json.Decoder()
@@ -477,6 +479,7 @@ class StreamedFile:
         part_events: int | None = None,
         batch_events: int | None = None,
         memory_bytes: int | None = None,
+        progress=None,
     ) -> None:
         part_events = PART_EVENTS if part_events is None else part_events
         batch_events = BATCH_EVENTS if batch_events is None else batch_events
@@ -487,6 +490,8 @@ class StreamedFile:
         self.span_index = span_index
         self.part_events = max(1, part_events)
         self.memory_bytes = memory_bytes
+        self._progress = progress or (lambda _msg: None)
+        self._next_report = PROGRESS_BYTES
         self.warnings: list[str] = []
         self.spill_dir = run_placement.make_staging_dir(scratch_parent, "spill")
         try:
@@ -508,6 +513,7 @@ class StreamedFile:
             reader = self.pure_reader = _PureReader(self.path)
             for batch in reader.batches(PURE_BATCH_EVENTS):
                 self._first.add(batch)
+                self._report(reader.size)
             return self._finish_meta(reader.meta, reader.size)
         scanner = _kineto_scan.Scanner()
         taken_strings = 0
@@ -523,6 +529,7 @@ class StreamedFile:
         try:
             for piece in kineto_decode._prefetched(kineto_decode.iter_text(self.path)):
                 size += len(piece)
+                self._report(size)
                 scanner.feed(piece)
                 if _pending_events(scanner, first) >= batch_events:
                     take()
@@ -545,6 +552,16 @@ class StreamedFile:
         except msgspec.DecodeError as exc:
             raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
         return self._finish_meta(meta, size)
+
+    def _report(self, size: int) -> None:
+        """A progress line every PROGRESS_BYTES of JSON read."""
+        if size >= self._next_report:
+            self._next_report = (size // PROGRESS_BYTES + 1) * PROGRESS_BYTES
+            events = sum(b.n for b in self._first.batches)
+            self._progress(
+                f"{os.path.basename(self.path)}: {size / 1e6:,.0f} MB of JSON read, "
+                f"{events:,} events spilled"
+            )
 
     def _finish_meta(self, meta: dict[str, Any], size: int) -> tuple[dict[str, Any], int]:
         first = self._first

@@ -103,9 +103,17 @@ def test_an_import_read_in_bounded_memory_writes_the_same_run(traces, tmp_path, 
     monkeypatch.setenv("TESSERA_IMPORT_STREAM", "never")
     whole = kineto_import.import_traces([traces], str(tmp_path / "a"), "r")
     monkeypatch.setenv("TESSERA_IMPORT_STREAM", "always")
+    monkeypatch.setattr(kineto_stream, "PROGRESS_BYTES", 1 << 20)
+    monkeypatch.setattr(kineto_stream, "BATCH_EVENTS", 2000)
+    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 256 << 10)
     lines: list[str] = []
     bounded = kineto_import.import_traces([traces], str(tmp_path / "b"), "r", progress=lines.append)
     assert any("read in bounded memory" in line for line in lines)
+    # A line per MB of JSON read (per GB by default), naming the worker and file.
+    read = [line for line in lines if " MB of JSON read, " in line and "events spilled" in line]
+    assert len(read) >= int(bounded.json_bytes / (1 << 20)) - len(bounded.workers)
+    spilled = [int(line.split(", ")[-1].split()[0].replace(",", "")) for line in read]
+    assert max(spilled) > 2000
     # NVML counters, capabilities, the index and scalars too; event files differ only in
     # their first record (the time they were opened).
     a, b = file_contents(whole.run_dir), file_contents(bounded.run_dir)
