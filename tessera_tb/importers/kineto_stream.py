@@ -122,7 +122,7 @@ class StreamUnsupported(Exception):
 
 # Files whose JSON text is larger than this are read by this module (`import_traces`);
 # TESSERA_IMPORT_STREAM=always|never overrides.
-STREAM_ABOVE_BYTES = 128 << 20
+STREAM_ABOVE_BYTES = 256 << 20
 
 
 def text_bytes_estimate(path: str) -> int:
