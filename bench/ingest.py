@@ -108,6 +108,7 @@ def _child_tessera(path: str, workdir: str) -> dict:
     t0 = time.perf_counter()
     from tessera_tb.importers.kineto_decode import scanner_available
     from tessera_tb.importers.kineto_import import import_traces
+    from tessera_tb.importers.kineto_stream import should_stream
 
     import_s = time.perf_counter() - t0
     rss_base = _rss_now_mb()
@@ -135,7 +136,8 @@ def _child_tessera(path: str, workdir: str) -> dict:
         "bytes_written": result.bytes_written,
         "disk_bytes": _dir_bytes(result.run_dir),
         "steps": sum(len(w.steps) for w in result.workers),
-        "parser": "C scanner" if scanner_available() else "pure Python (msgspec)",
+        "parser": ("C scanner" if scanner_available() else "pure Python (msgspec)")
+        + (" (bounded memory)" if should_stream(path) else ""),
     }
 
 
