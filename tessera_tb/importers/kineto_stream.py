@@ -258,8 +258,7 @@ class _FirstPass:
         self.meta_events: list[RawEvent] = []
         self.skipped: dict[str, int] = {}
         self.markers: list[tuple[int, int, float, float]] = []  # (N, row, ts, dur)
-        self.launch_corr: list[np.ndarray] = []
-        self.launch_ts: list[np.ndarray] = []
+        self._launch: dict[str, np.ndarray] = {}
         self.slices = 0
         self.first_categories: set[str] = set()
         self.min_start_ns: int | None = None
@@ -312,7 +311,7 @@ class _FirstPass:
         cols = {k: np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k]) for k in _COLUMN_TYPES}
         self._note(cols, first, n)
         path = os.path.join(self.spill_dir, f"batch_{len(self.batches):06d}")
-        self.batches.append(_Batch(_spill(path, cols), first, n))
+        self.batches.append(_Batch(_spill(path, {**cols, **self._launch}), first, n))
 
     def _note(self, c: dict[str, np.ndarray], first: int, n: int) -> None:
         path, text = self.path, self.text
@@ -366,9 +365,8 @@ class _FirstPass:
                 kind[j] = KIND["annotation"]
         corr = _promoted(c, ev_local, keep, sl, n, text, self.key_sids, CORRELATION_KEYS)
         launch = IS_LAUNCH[kind] & (corr != 0)
-        if launch.any():
-            self.launch_corr.append(corr[launch])
-            self.launch_ts.append(ts[launch])
+        # Launch calls are spilled with the batch (they are a fifth of a trace's events).
+        self._launch = {"launch_corr": corr[launch], "launch_ts": ts[launch]}
         self.uses.names.append(np.unique(c["name"][sl]))
         self.uses.cats.append(np.unique(c["cat"][sl]))
         self.uses.flow_cats.append(np.unique(c["cat"][fl]))
@@ -669,15 +667,19 @@ class StreamedFile:
             lo = base + f.min_start_ns if f.min_start_ns is not None else base
             hi = base + f.max_end_ns if f.max_end_ns is not None else base
             host_start, host_end = np.array([lo]), np.array([hi])
-        corr = np.concatenate(f.launch_corr) if f.launch_corr else np.zeros(0, np.int64)
-        lts = np.concatenate(f.launch_ts) if f.launch_ts else np.zeros(0)
+        # Each launch call's step, batch by batch (12 bytes a call are held, not its time).
+        corrs, steps = [np.zeros(0, np.int64)], [np.zeros(0, np.int32)]
+        for b in f.batches:
+            z = _unspill(b.cols, ("launch_corr", "launch_ts"))
+            corrs.append(z["launch_corr"])
+            step = self._host_step(host_start, base + us_to_ns(z["launch_ts"]))
+            steps.append(step.astype(np.int32))
+        corr, step = np.concatenate(corrs), np.concatenate(steps)
+        del corrs, steps
         # The first launch call of each correlation id (the whole file links the first).
-        order = np.argsort(corr, kind="stable")
-        corr, lts = corr[order], lts[order]
-        keep = np.ones(corr.size, dtype=bool)
-        keep[1:] = corr[1:] != corr[:-1]
-        corr, lts = corr[keep], lts[keep]
-        launch_step = self._host_step(host_start, base + us_to_ns(lts))
+        corr, first_at = np.unique(corr, return_index=True)
+        launch_step = step[first_at]
+        del step, first_at
         self._host_end = host_end
         return _Plan(nums, host_start, host_start.copy(), host_end.copy(), corr, launch_step)
 
@@ -784,7 +786,7 @@ class StreamedFile:
         self._part_files: list[list[_Spilled]] = [[] for _ in parts]
         for bi, b in enumerate(self._first.batches):
             step = _unspill(b.step)["step"]
-            cols = _unspill(b.cols)
+            cols = _unspill(b.cols, list(_COLUMN_TYPES))
             part_of = np.searchsorted(bounds, step, side="right") - 1
             part_of[step < 0] = -1
             ev_local = cols["arg_ev"].astype(np.int64) - b.first
