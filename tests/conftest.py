@@ -69,6 +69,18 @@ def file_contents(directory) -> dict[str, bytes]:
     return out
 
 
+def needs_scanner() -> list:
+    """`pytestmark` of a module that needs the C scanner: a skip where it is not built, an
+    error instead where TESSERA_REQUIRE_SCANNER=1 (CI builds it)."""
+    from tessera_tb.importers import kineto_decode
+
+    if kineto_decode._kineto_scan is not None:
+        return []
+    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
+        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
+    return [pytest.mark.skip(reason="the C scanner is not built (no C compiler)")]
+
+
 def assert_same_files(got: dict[str, bytes], want: dict[str, bytes]) -> None:
     """Two {path: bytes} maps (file_contents) are equal; else fails naming only what differs:
     the paths on one side only and, per differing file, its sizes and first differing byte."""

@@ -20,14 +20,13 @@ from tests.conftest import (
     SHARED_TRACES,
     assert_same_files,
     file_contents,
+    needs_scanner,
     shared_trace_files,
     trace_id,
 )
+from tests.importers.test_streaming_import import _big_gzip
 
-if kineto_decode._kineto_scan is None:
-    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
-        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
-    pytestmark = pytest.mark.skip(reason="the C scanner is not built (no C compiler)")
+pytestmark = needs_scanner()
 
 DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
 FSDP = os.path.join(SHARED_TRACES, "pytorch", "fsdp_gpt_4rank")
@@ -166,17 +165,6 @@ def test_a_too_large_step_fails_the_import_and_leaves_the_old_run(tmp_path, monk
     assert "holds" in str(err.value) and "MB are free" in str(err.value)
     assert_same_files(file_contents(logdir / "r"), before)
     assert sorted(os.listdir(logdir)) == ["r"]
-
-
-def _big_gzip(copies: int) -> tuple[bytes, bytes]:
-    """A valid trace of many MB (the DDP rank's events repeated), gzipped: (text, file)."""
-    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
-    text = gzip.decompress(open(path, "rb").read())
-    head, sep, rest = text.partition(b'"traceEvents": [')
-    events, close, tail = rest.rpartition(b"]")
-    events = events.strip().rstrip(b",")
-    big = head + sep + b",\n".join([events] * copies) + close + tail
-    return big, gzip.compress(big, compresslevel=1)
 
 
 @pytest.mark.parametrize("reader", ["scanner", "pure"])

@@ -16,14 +16,12 @@ from tests.conftest import (
     SHARED_TRACES,
     assert_same_files,
     file_contents,
+    needs_scanner,
     shared_trace_files,
     trace_id,
 )
 
-if kineto_decode._kineto_scan is None:
-    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
-        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
-    pytestmark = pytest.mark.skip(reason="the C scanner is not built (no C compiler)")
+pytestmark = needs_scanner()
 
 DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
 
