@@ -133,6 +133,19 @@ def test_the_size_estimate_reads_the_gzip_trailer(tmp_path):
     assert kineto_stream.text_bytes_estimate(str(plain)) == len(text)
 
 
+def test_auto_reads_large_files_or_files_too_large_for_free_memory_bounded(tmp_path, monkeypatch):
+    path = os.path.join(GPT, sorted(f for f in os.listdir(GPT) if f.endswith(".gz"))[0])
+    monkeypatch.delenv("TESSERA_IMPORT_STREAM", raising=False)
+    assert not kineto_stream.should_stream(path)  # 3.6 MB of JSON
+    monkeypatch.setattr(kineto_stream, "STREAM_ABOVE_BYTES", 1 << 20)
+    assert kineto_stream.should_stream(path)
+    monkeypatch.setattr(kineto_stream, "STREAM_ABOVE_BYTES", 1 << 30)
+    monkeypatch.setattr(kineto_stream, "available_memory_bytes", lambda: 4 << 20)
+    assert kineto_stream.should_stream(path)  # 3.6 MB x 1.5 does not fit in 4 MB
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "never")
+    assert not kineto_stream.should_stream(path)
+
+
 def test_a_step_larger_than_memory_allows_fails_naming_it(tmp_path):
     path = os.path.join(GPT, sorted(f for f in os.listdir(GPT) if f.endswith(".gz"))[0])
     fits = kineto_stream.StreamedFile(path, StringTable(), 0, str(tmp_path))
