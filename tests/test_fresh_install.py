@@ -1,5 +1,5 @@
 """Installed as a newcomer would, into a fresh virtual environment: the declared runtime
-dependencies bring the fast deflate path (isal), and a lean install without plotly still runs
+dependencies bring the fast inflate path (isal), and a lean install without plotly still runs
 `tessera-prof --help`, `report` and `diff`; `html` says in one line that it needs plotly."""
 
 from __future__ import annotations
