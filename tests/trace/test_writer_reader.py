@@ -184,3 +184,32 @@ def test_corrupt_step_file_is_a_format_error_naming_the_file(tmp_path, damage):
 def test_not_a_run_is_a_clear_error(tmp_path):
     with pytest.raises(TraceFormatError, match="not a Tessera run"):
         open_run(str(tmp_path))
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1e6
+
+
+def test_the_step_index_is_kept_in_place_in_step_order(tmp_path):
+    import random
+
+    from tessera_tb.trace.writer import WorkerWriter, new_worker_meta
+
+    meta = new_worker_meta("w", clock_base_ns=0, source_format="k", origin="import")
+    writer = WorkerWriter(str(tmp_path), meta, staged=True)
+    rng = random.Random(3)
+    # Steps in order, then some out of order, then some written again.
+    seq = [s for s in range(600) if s % 5] + [s for s in range(600) if s % 5 == 0]
+    seq += rng.sample(range(600), 50)
+    before = _rss_mb()
+    for n, s in enumerate(seq * 6):
+        writer._index_step(pb.StepIndexEntry(step=s, start_ns=s, end_ns=s + 1, event_count=n))
+    assert writer.meta is meta  # the capture layer adds capabilities to this very object
+    assert [e.step for e in meta.steps] == list(range(600))
+    last = {s: n for n, s in enumerate(seq * 6)}
+    assert [e.event_count for e in meta.steps] == [last[s] for s in range(600)]
+    # Rebuilding the index for every step kept every deleted copy (~300 MB at 4,000 steps).
+    for s in range(600, 4000):
+        writer._index_step(pb.StepIndexEntry(step=s, start_ns=s, end_ns=s + 1, event_count=1))
+    assert _rss_mb() - before < 40
