@@ -97,7 +97,11 @@ def test_the_pure_reader_holds_one_piece_of_text_and_cuts_only_between_events(
     assert f.pure_reader.max_text < held < os.path.getsize(path) / 4
 
 
-@pytest.mark.parametrize("traces", [DDP, FSDP, GPT], ids=os.path.basename)
+# Two files of one worker (successive spans, one string table): the 2021 ResNet-50 traces.
+RESNET_2021 = os.path.join(SHARED_TRACES, "pytorch_2021", "resnet50_num_workers_0")
+
+
+@pytest.mark.parametrize("traces", [DDP, FSDP, GPT, RESNET_2021], ids=os.path.basename)
 def test_an_import_read_in_bounded_memory_writes_the_same_run(traces, tmp_path, monkeypatch):
     monkeypatch.setenv("TESSERA_IMPORT_STREAM", "never")
     whole = kineto_import.import_traces([traces], str(tmp_path / "a"), "r")
