@@ -137,7 +137,9 @@ def text_bytes_estimate(path: str) -> int:
             isize = int.from_bytes(f.read(4), "little")
     except OSError:
         return size
-    return isize if isize >= size else isize + (1 << 32)
+    # The trailer wraps past 4 GiB; deflate packs at most ~1032 bytes into one, so a file
+    # under 4 MiB cannot hold that much, and a smaller trailer there is incompressible text.
+    return isize if isize >= size or size < 4 << 20 else isize + (1 << 32)
 
 
 # Peak memory of the whole-file reader per byte of JSON (measured: ~1.1).
@@ -966,7 +968,7 @@ class _PureReader:
                 try:
                     raw = _RAW_LIST.decode(b"[" + buf[: cut + 1] + b"]")
                     break
-                except msgspec.DecodeError as exc:
+                except (msgspec.DecodeError, UnicodeDecodeError) as exc:
                     error = exc
             if raw is None:
                 # Read on and cut at a later event; a text this long that still does not
@@ -977,7 +979,9 @@ class _PureReader:
             yield from self._batches_of(raw, batch_events)
             buf = buf[cut + 1 :].lstrip()[1:]  # past the comma
         if not head_done:
-            raise TraceFormatError(self.path, "JSON has no 'traceEvents' list: not a trace")
+            # No `"traceEvents": [` in the text (at most 64 MB: see _head): the whole-file
+            # reader reads it and names what is wrong.
+            raise StreamUnsupported("no traceEvents list")
         events_text, tail = self._split_tail(buf)
         if events_text.strip():
             yield from self._decode(events_text, batch_events)
@@ -985,6 +989,8 @@ class _PureReader:
             self.meta.update({k: _ANY.decode(v) for k, v in _MEMBERS.decode(tail).items()})
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(self.path, kineto_decode._not_utf8(exc)) from None
 
     def _head(self, buf: bytes) -> int | None:
         """Where the first event starts, once the top-level members before the list are
@@ -1003,9 +1009,9 @@ class _PureReader:
         before = before[:-1] if before.endswith(b",") else before
         try:
             members = _MEMBERS.decode(before + b"}")
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.meta.update({k: _ANY.decode(v) for k, v in members.items()})
+        except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
             raise StreamUnsupported("the members before traceEvents do not read") from None
-        self.meta.update({k: _ANY.decode(v) for k, v in members.items()})
         return m.end()
 
     @staticmethod
@@ -1033,7 +1039,7 @@ class _PureReader:
                 _MEMBERS.decode(tail)
                 _RAW_LIST.decode(b"[" + buf[:close] + b"]")
                 return buf[:close], tail
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError):
                 end = close
 
     def _decode(self, text: bytes, batch_events: int) -> Iterator[dict[str, Any]]:
@@ -1041,6 +1047,8 @@ class _PureReader:
             raw = _RAW_LIST.decode(b"[" + text + b"]")
         except msgspec.DecodeError as exc:
             raise TraceFormatError(self.path, f"not valid JSON ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise TraceFormatError(self.path, kineto_decode._not_utf8(exc)) from None
         yield from self._batches_of(raw, batch_events)
 
     def _batches_of(self, raw: list, batch_events: int) -> Iterator[dict[str, Any]]:
@@ -1051,6 +1059,8 @@ class _PureReader:
             except msgspec.ValidationError as exc:
                 message = kineto_decode._describe_validation(exc, self.events + lo)
                 raise TraceFormatError(self.path, message) from None
+            except UnicodeDecodeError as exc:
+                raise TraceFormatError(self.path, kineto_decode._not_utf8(exc)) from None
             yield self._columns(events)
         self.events += len(raw)
 

@@ -95,16 +95,21 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("memory", ["whole", "bounded"])
 @pytest.mark.parametrize("reader", ["scanner", "pure_python"])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_file_is_one_line_error_with_exit_2_and_no_run_left(case, reader, tmp_path):
+def test_bad_file_is_one_line_error_with_exit_2_and_no_run_left(case, reader, memory, tmp_path):
     """Both event readers: the C scanner declines what it does not read and the pure-Python
-    path names the problem; with TESSERA_PURE_PYTHON=1 that path reads everything."""
+    path names the problem; with TESSERA_PURE_PYTHON=1 that path reads everything. The same
+    errors whether the file is read whole or in bounded memory (kineto_stream)."""
     make, problem, suffix = CASES[case]
     bad = tmp_path / f"worker0.1.pt.trace{suffix}"
     make(bad)
     logdir = tmp_path / "logdir"
-    env = {"TESSERA_PURE_PYTHON": "1" if reader == "pure_python" else "0"}
+    env = {
+        "TESSERA_PURE_PYTHON": "1" if reader == "pure_python" else "0",
+        "TESSERA_IMPORT_STREAM": "always" if memory == "bounded" else "never",
+    }
     proc = tessera_prof("import", str(bad), "--logdir", str(logdir), "--run", "r", "-q", env=env)
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

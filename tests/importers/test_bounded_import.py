@@ -135,6 +135,10 @@ def test_the_size_estimate_reads_the_gzip_trailer(tmp_path):
     plain.write_bytes(text)
     assert kineto_stream.text_bytes_estimate(str(gz)) == len(text)
     assert kineto_stream.text_bytes_estimate(str(plain)) == len(text)
+    # A small file whose gzip is larger than its text is not taken for one past 4 GiB.
+    tiny = tmp_path / "tiny.json.gz"
+    tiny.write_bytes(gzip.compress(b"[]"))
+    assert kineto_stream.text_bytes_estimate(str(tiny)) == 2
 
 
 def test_auto_reads_large_files_or_files_too_large_for_free_memory_bounded(tmp_path, monkeypatch):
