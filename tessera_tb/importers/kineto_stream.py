@@ -73,7 +73,6 @@ from tessera_tb.importers.kineto_scanned import (
 )
 from tessera_tb.importers.kineto_span import (
     _CAT_KIND,
-    _COLLECTIVE_PREFIXES,
     _IS_DEVICE_TRACK,
     _STEP_CATS,
     _STEP_NAME,
@@ -257,7 +256,6 @@ class _FirstPass:
         self.is_memory_name = np.zeros(0, dtype=bool)
         self.is_step_cat = np.zeros(0, dtype=bool)
         self.step_number: dict[int, int] = {}  # name string id -> N of ProfilerStep#N
-        self.collective_name = np.zeros(0, dtype=bool)
         self.is_x = np.zeros(0, dtype=bool)
         self.batches: list[_Batch] = []
         self.uses = _StringUse()
@@ -291,7 +289,6 @@ class _FirstPass:
         self.cat_kind = grown(self.cat_kind, np.uint8)
         self.is_memory_name = grown(self.is_memory_name, bool)
         self.is_step_cat = grown(self.is_step_cat, bool)
-        self.collective_name = grown(self.collective_name, bool)
         self.is_x = grown(self.is_x, bool)
         for i in range(start, n):
             t = self.text[i]
@@ -305,7 +302,6 @@ class _FirstPass:
             self.is_memory_name[i] = t == "[memory]"
             self.is_x[i] = t == "X"
             self.is_step_cat[i] = t.lower() in _STEP_CATS
-            self.collective_name[i] = t.startswith(_COLLECTIVE_PREFIXES)
             m = _STEP_NAME.match(t)
             if m:
                 self.step_number[i] = int(m.group(1))
@@ -934,19 +930,13 @@ class _PureReader:
         self.path = path
         self.size = 0
         self.meta: dict[str, Any] = {}
-        self.strings: dict[str, int] = {"": 0, "0": 1}
-        self.new: list[str] = ["", "0"]
+        self.table = StringTable()  # the file's strings, as the scanner numbers them
+        self.table.intern("0")
+        self.handed = 0  # strings handed over with earlier batches
         self.keys: dict[int, int] = {}  # string id of an args key -> its number
         self.key_sids: list[int] = []
         self.events = 0
         self.max_text = 0  # the most text held at once, in bytes
-
-    def _sid(self, value: str) -> int:
-        i = self.strings.get(value)
-        if i is None:
-            i = self.strings[value] = len(self.strings)
-            self.new.append(value)
-        return i
 
     def batches(self, batch_events: int) -> Iterator[dict[str, Any]]:
         buf = b""
@@ -1061,12 +1051,12 @@ class _PureReader:
                 raise TraceFormatError(self.path, message) from None
             except UnicodeDecodeError as exc:
                 raise TraceFormatError(self.path, kineto_decode._not_utf8(exc)) from None
-            yield self._columns(events)
+            yield self._columns(events, self.events + lo)
         self.events += len(raw)
 
-    def _columns(self, events: list[RawEvent]) -> dict[str, Any]:
+    def _columns(self, events: list[RawEvent], first: int) -> dict[str, Any]:
         n = len(events)
-        sid = self._sid
+        sid = self.table.intern
         ph, cat, name = (np.zeros(n, np.int32) for _ in range(3))
         pid, tid, id_sid = np.zeros(n, np.int32), np.zeros(n, np.int32), np.full(n, -1, np.int32)
         ts, dur = np.full(n, np.nan), np.full(n, np.nan)
@@ -1075,7 +1065,6 @@ class _PureReader:
         a_key: list[int] = []
         a_type: list[int] = []
         a_val: list[int] = []
-        first = self.events_taken()
         for i, e in enumerate(events):
             ph[i], cat[i], name[i] = sid(e.ph), sid(e.cat), sid(e.name)
             pid[i] = sid(e.pid if isinstance(e.pid, str) else str(e.pid))
@@ -1100,8 +1089,8 @@ class _PureReader:
                     a_key.append(kn)
                     a_type.append(t)
                     a_val.append(val)
-        self._taken += n
-        new, self.new = self.new, []
+        new = self.table.strings[self.handed :]
+        self.handed = len(self.table.strings)
         return {
             "first": first,
             "n": n,
@@ -1122,11 +1111,6 @@ class _PureReader:
             "arg_key_sid": np.array(self.key_sids, dtype=np.int32),
         }
 
-    _taken = 0
-
-    def events_taken(self) -> int:
-        return self._taken
-
     def _arg(self, v: Any) -> tuple[int, int]:
         """(type code, payload) of one argument value, as the scanner codes it."""
         if v is None:
@@ -1138,12 +1122,12 @@ class _PureReader:
         if isinstance(v, int):
             if _INT64[0] <= v <= _INT64[1]:
                 return T_INT, v
-            return T_BIGINT, self._sid(str(v))
+            return T_BIGINT, self.table.intern(str(v))
         if isinstance(v, float):
             return T_FLOAT, int(np.float64(v).view(np.int64))
         if isinstance(v, str):
-            return T_STR, self._sid(v)
-        return T_RAW, self._sid(_JSON.encode(v).decode())
+            return T_STR, self.table.intern(v)
+        return T_RAW, self.table.intern(_JSON.encode(v).decode())
 
 
 def _pending_events(scanner, first: _FirstPass) -> int:
