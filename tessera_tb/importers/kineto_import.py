@@ -33,7 +33,7 @@ from tessera_tb.trace import layout, run_placement
 from tessera_tb.trace.atomic import fsync_tree
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import Capability, StepData
-from tessera_tb.trace.writer import WorkerWriter, new_worker_meta
+from tessera_tb.trace.writer import WorkerWriter, encode_step, new_worker_meta
 
 _TRACE_NAME = re.compile(r"^(?P<worker>.+?)\.(?P<ns>\d+)\.pt\.trace\.json(?:\.gz)?$")
 _TRACE_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json")
@@ -257,36 +257,56 @@ def _read_span(path, strings, span_index, run_dir, progress, worker):
 
 
 class StepWriterThread:
-    """Calls `write(step)` for each step put, in order, in one thread of its own: step
-    encoding spends most of its time in compression and file writes, which release the GIL,
-    so it overlaps the making of the next step. At most `depth` steps wait. An error of a
-    write is raised by the next `put` or on leaving the `with` block; leaving it on an
-    error of the caller's stops the thread without writing what still waits."""
+    """Writes each step put, in order, while the caller makes the next: `encode(step)` runs
+    in `encoders` threads at once and `write(step, data)` in one more, in put order.
+    Encoding spends most of its time in zlib, which releases the GIL, so on two cores the
+    steps are compressed side by side while the next is cut. At most `depth` steps wait
+    beyond those being encoded. An error of an encode or a write is raised by the next
+    `put` or on leaving the `with` block; leaving it on an error of the caller's stops the
+    threads without writing what still waits. Each step's bytes depend on that step alone,
+    so the files are the same for any number of encoders."""
 
-    def __init__(self, write: Callable[[StepData], object], depth: int = 1) -> None:
+    def __init__(
+        self,
+        write: Callable[[StepData, bytes], object],
+        encode: Callable[[StepData], bytes],
+        *,
+        encoders: int = 1,
+        depth: int = 2,
+    ) -> None:
         self._write = write
-        self._queue: queue.Queue = queue.Queue(maxsize=depth)
+        self._encode = encode
+        self._pool = ThreadPoolExecutor(max(1, encoders), thread_name_prefix="tessera-encode")
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, depth))
         self._error: BaseException | None = None
         self._abandon = False
         self._thread = threading.Thread(target=self._run, name="tessera-write", daemon=True)
         self._thread.start()
 
+    def _encoded(self, step: StepData) -> bytes | None:
+        if self._error is not None or self._abandon:
+            return None
+        return self._encode(step)
+
     def _run(self) -> None:
         while True:
-            step = self._queue.get()
-            if step is None:
+            item = self._queue.get()
+            if item is None:
                 return
-            if self._error is None and not self._abandon:
-                try:
-                    self._write(step)
-                except BaseException as exc:  # raised in the caller's thread
+            step, pending = item
+            try:
+                data = pending.result()
+                if self._error is None and not self._abandon:
+                    self._write(step, data)
+            except BaseException as exc:  # raised in the caller's thread
+                if self._error is None:
                     self._error = exc
-            del step
+            del step, pending, item
 
     def put(self, step: StepData) -> None:
         if self._error is not None:
             raise self._error
-        self._queue.put(step)
+        self._queue.put((step, self._pool.submit(self._encoded, step)))
 
     def __enter__(self) -> StepWriterThread:
         return self
@@ -295,8 +315,15 @@ class StepWriterThread:
         self._abandon = exc_type is not None
         self._queue.put(None)
         self._thread.join()
+        self._pool.shutdown(wait=True)
         if exc_type is None and self._error is not None:
             raise self._error
+
+
+def encoder_threads() -> int:
+    """Threads that encode one worker's steps at once: two where there are two CPUs or
+    more (zlib runs beside the cutting of the next step), else one."""
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 
 def _import_worker(
@@ -331,10 +358,10 @@ def _import_worker(
             # A staging directory, renamed into place whole once every file converted.
             writer = WorkerWriter(run_dir, meta, staged=True)
         written = 0
-        # Each step is written (encoded, compressed, saved) in a thread while the next one
-        # is cut from the span's columns; one step waits at most, so memory holds the
-        # span's columns and two steps.
-        with StepWriterThread(writer.write_step) as out:
+        # Steps are encoded (compressed) in threads, two at once on two CPUs, and saved in
+        # order while the next one is cut from the span's columns; memory holds the span's
+        # columns and at most four steps.
+        with StepWriterThread(writer.write_step, encode_step, encoders=encoder_threads()) as out:
             for step in span.steps:
                 kinds_seen.update(KIND_NAMES[k] for k in set(step.events["kind"].tolist()))
                 if steps is not None and step.step not in steps:

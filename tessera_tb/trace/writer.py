@@ -90,6 +90,12 @@ def step_to_proto(step: StepData) -> pb.Step:
     return msg
 
 
+def encode_step(step: StepData) -> bytes:
+    """A step file's bytes (step_to_proto, serialised). It reads only the step, so an
+    importer encodes several steps at once in threads (zlib releases the GIL)."""
+    return step_to_proto(step).SerializeToString()
+
+
 def new_worker_meta(worker: str, **fields) -> pb.WorkerMeta:
     """A WorkerMeta with the schema version and this package's version (rank -1: unknown)."""
     fields.setdefault("rank", -1)
@@ -122,10 +128,11 @@ class WorkerWriter:
         self._scalars = ScalarWriter(run_dir, meta.worker) if scalars else None
         self.bytes_written = 0
 
-    def write_step(self, step: StepData) -> str:
-        """Write one step file and record it in the worker's index; returns its path."""
-        msg = step_to_proto(step)
-        data = msg.SerializeToString()
+    def write_step(self, step: StepData, data: bytes | None = None) -> str:
+        """Write one step file and record it in the worker's index; returns its path.
+        `data`: the step's `encode_step` bytes, when they were made beforehand."""
+        if data is None:
+            data = encode_step(step)
         name = layout.step_file_name(int(step.step))
         path = os.path.join(self.directory, name)
         self._write(path, data)
