@@ -408,6 +408,16 @@ def read_trace(path: str) -> RawTrace:
     with the columns, about a sixth of the text). Where the scanner is off or declines, the
     pure-Python path reads the whole text."""
     with gc_paused():
+        if scanner_available():
+            from tessera_tb.importers import kineto_split_scan, kineto_stream
+
+            text_bytes = kineto_stream.text_bytes_estimate(path)
+            if kineto_split_scan.worth_splitting(text_bytes):
+                split = kineto_split_scan.scan_split(
+                    _prefetched(iter_text(path)), _kineto_scan, text_bytes
+                )
+                if split is not None:
+                    return _scanned(path, *split)
         scan, size = _scan(_prefetched(iter_text(path)))
         if scan is not None:
             return _scanned(path, scan, size)

@@ -1,0 +1,189 @@
+"""A trace's text scanned by two scanners at once (kineto_split_scan) gives one scanner's
+columns byte for byte, on every shared trace, whatever the piece and run sizes; a boundary
+inside an event or damage in a run makes it decline, and the import then reads the file
+with one scanner, to the same run or the same error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from tessera_tb.importers import kineto_decode, kineto_split_scan
+from tessera_tb.importers.kineto_import import import_traces
+from tessera_tb.trace.errors import TraceFormatError
+from tests.conftest import (
+    SHARED_TRACES,
+    assert_same_files,
+    needs_scanner,
+    shared_trace_files,
+    trace_id,
+)
+from tests.importers.test_parallel_import import _run_files
+
+pytestmark = needs_scanner()
+
+DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
+STACK = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
+SCAN = kineto_decode._kineto_scan
+
+
+def _text(path: str) -> bytes:
+    return b"".join(kineto_decode.iter_text(path))
+
+
+def _pieces(text: bytes, size: int) -> list[bytes]:
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _one_scanner(text: bytes) -> dict:
+    scanner = SCAN.Scanner()
+    scanner.feed(text)
+    return scanner.finish()
+
+
+def _assert_same_columns(got: dict, want: dict) -> None:
+    for key, value in want.items():
+        if key == "events_range":  # byte offsets of the list: not read by the importer
+            continue
+        g = got[key]
+        if isinstance(value, (list, int)):
+            assert g == value, key
+        else:
+            g = g.tobytes() if isinstance(g, np.ndarray) else bytes(g)
+            assert g == bytes(value), key
+
+
+@pytest.fixture
+def small_runs(monkeypatch):
+    monkeypatch.setattr(kineto_split_scan, "RUN_BYTES", 16 << 10)
+    monkeypatch.setattr(kineto_split_scan, "TAIL_BYTES", 16 << 10)
+
+
+@pytest.mark.parametrize("piece", [7001, 65536])
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_two_scanners_give_one_scanners_columns(path, piece, small_runs):
+    text = _text(path)
+    want = _one_scanner(text)
+    for text_bytes in (None, len(text)):
+        got = kineto_split_scan.scan_split(_pieces(text, piece), SCAN, text_bytes)
+        if got is None:
+            # Only a text too short for a run of B between its first piece and its tail.
+            assert len(text) < 4 * piece + (16 << 10), (text_bytes, len(text))
+            continue
+        columns, size = got
+        assert size == len(text)
+        _assert_same_columns(columns, want)
+
+
+def test_every_run_is_read_by_b_and_put_back_in_order(small_runs, monkeypatch):
+    text = _text(_files(DDP)[0])
+    runs = []
+    merged = kineto_split_scan._merged
+
+    def spy(order, a, b):
+        runs.append((order.count("a"), order.count("b"), len(b.batches)))
+        return merged(order, a, b)
+
+    monkeypatch.setattr(kineto_split_scan, "_merged", spy)
+    got, _ = kineto_split_scan.scan_split(_pieces(text, 40_000), SCAN, len(text))
+    (a_cuts, b_runs, b_batches) = runs[0]
+    # A ~5 MB text in 40 kB pieces: dozens of runs, each B's, each followed by one of A's.
+    assert b_runs > 20 and b_batches == b_runs and a_cuts == b_runs
+    _assert_same_columns(got, _one_scanner(text))
+
+
+def _nested_trace(path: str, tmp_path) -> str:
+    """A real trace written one value per line, every event's args holding a list whose
+    second item is an object: a comma, a newline and a brace inside events, everywhere."""
+    trace = json.loads(_text(path))
+    for e in trace["traceEvents"]:
+        e.setdefault("args", {})["nested"] = [0, {"k": 1}]
+    out = tmp_path / "nested.pt.trace.json"
+    out.write_text(json.dumps(trace, indent=1))
+    return str(out)
+
+
+def test_a_boundary_inside_an_event_is_declined(tmp_path, small_runs):
+    text = _text(_nested_trace(_files(STACK)[0], tmp_path))
+    assert kineto_split_scan.scan_split(_pieces(text, 50_000), SCAN, len(text)) is None
+
+
+@pytest.fixture
+def split_small(monkeypatch, small_runs):
+    """read_trace splits every text, read in small pieces; `calls` records each split's
+    outcome (True: merged columns used, False: declined)."""
+    monkeypatch.setattr(kineto_split_scan, "SPLIT_ABOVE_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "READ_CHUNK", 8 << 10)
+    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
+    calls = []
+    real = kineto_split_scan.scan_split
+
+    def spy(*args):
+        result = real(*args)
+        calls.append(result is not None)
+        return result
+
+    monkeypatch.setattr(kineto_split_scan, "scan_split", spy)
+    return calls
+
+
+def _files(directory: str) -> list[str]:
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory) if ".pt.trace" in f)
+
+
+def test_import_with_two_scanners_writes_the_same_run(tmp_path, split_small, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(kineto_split_scan, "worth_splitting", lambda _size: False)
+        one = _run_files(import_traces([DDP, STACK], str(tmp_path / "a"), "r", jobs=1).run_dir)
+    assert split_small == []
+    two = _run_files(import_traces([DDP, STACK], str(tmp_path / "b"), "r", jobs=1).run_dir)
+    assert split_small == [True, True, True]  # each file's columns came from two scanners
+    assert_same_files(two, one)
+
+
+def test_a_declined_split_reads_the_file_with_one_scanner(tmp_path, split_small):
+    path = _nested_trace(_files(STACK)[0], tmp_path)
+    got = kineto_decode.read_trace(path)
+    assert split_small == [False]
+    want = _one_scanner(_text(path))
+    _assert_same_columns(got.scan, want)
+
+
+def _damaged_in_the_middle(tmp_path) -> str:
+    text = bytearray(_text(_files(DDP)[0]))
+    at = text.index(b'"ph"', len(text) // 2)
+    text[at + 4] = ord(";")  # '"ph";' : not JSON, half-way through the events
+    out = tmp_path / "damaged.pt.trace.json.gz"
+    out.write_bytes(gzip.compress(bytes(text)))
+    return str(out)
+
+
+def test_damage_in_the_middle_gives_the_one_scanner_error(tmp_path, monkeypatch):
+    path = _damaged_in_the_middle(tmp_path)
+    with pytest.raises(TraceFormatError) as one:
+        kineto_decode.read_trace(path)
+    monkeypatch.setattr(kineto_split_scan, "RUN_BYTES", 16 << 10)
+    monkeypatch.setattr(kineto_split_scan, "TAIL_BYTES", 16 << 10)
+    monkeypatch.setattr(kineto_split_scan, "SPLIT_ABOVE_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
+    threads = threading.active_count()
+    with pytest.raises(TraceFormatError) as two:
+        kineto_decode.read_trace(path)
+    assert str(two.value) == str(one.value) and path in str(two.value)
+    assert threading.active_count() == threads  # the scanners' threads are gone
+
+
+def test_a_truncated_gzip_fails_naming_the_file_and_leaves_no_thread(tmp_path, split_small):
+    data = open(_files(DDP)[0], "rb").read()
+    path = tmp_path / "cut.pt.trace.json.gz"
+    path.write_bytes(data[: len(data) // 2])
+    threads = threading.active_count()
+    with pytest.raises(TraceFormatError, match="truncated gzip") as err:
+        kineto_decode.read_trace(str(path))
+    assert str(path) in str(err.value)
+    assert threading.active_count() == threads
