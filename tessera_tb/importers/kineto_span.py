@@ -539,11 +539,11 @@ def _split_steps(
     tracks,
     span_index,
 ) -> Iterator[StepData]:
-    """The steps, one at a time (a generator): each step's copy of its rows is made when it
-    is asked for and dropped by the caller once written."""
+    """The steps, one at a time (a generator). Rows are put in step order once (by step,
+    then in the file's canonical order, step.canonical_order, so that the writer has
+    nothing to reorder) and row references made step-local once; each step's columns are
+    then slices of those arrays, made when it is asked for."""
     n = step_of.size
-    # Rows by step, and within a step in the file's canonical order (step.canonical_order),
-    # so that the writer has nothing to reorder.
     ev_order = np.lexsort(
         (
             columns["external_id"],
@@ -553,43 +553,46 @@ def _split_steps(
             step_of,
         )
     )
+    ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
     rank = np.empty(n, dtype=np.int64)
     rank[ev_order] = np.arange(n)
-    ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
-    local_of = np.full(n, -1, dtype=np.int32)
+    local_of = (rank - ev_bounds[step_of]).astype(np.int32)  # a row's index in its step
+    ordered = {name: col[ev_order] for name, col in columns.items()}
+    del columns
+    ordered_step = step_of[ev_order]
+    for ref in ("parent", "launch"):
+        g = ordered[ref]
+        target = np.maximum(g, 0)
+        # A reference into another step's rows is dropped (-1), not left dangling.
+        same = (g >= 0) & (step_of[target] == ordered_step)
+        ordered[ref] = np.where(same, local_of[target], -1).astype(np.int32)
+    del ordered_step
     attr_split = []
     for a in attrs:
         o = np.argsort(rank[a.rows])
-        a_step = step_of[a.rows[o]]
-        attr_split.append((a, o, np.searchsorted(a_step, np.arange(n_steps + 1))))
+        a_rows = a.rows[o]
+        bounds = np.searchsorted(step_of[a_rows], np.arange(n_steps + 1))
+        attr_split.append((a, local_of[a_rows], a.values[o], bounds))
     f_order = np.argsort(flow_step, kind="stable")
     f_bounds = np.searchsorted(flow_step[f_order], np.arange(n_steps + 1))
+    f_ordered = {name: col[f_order] for name, col in flows.items()}
+    frow = f_ordered["row"]
+    bound = np.maximum(frow, 0)
+    same = (frow >= 0) & (step_of[bound] == flow_step[f_order])
+    f_ordered["row"] = np.where(same, local_of[bound], -1).astype(np.int32)
+    del rank, local_of, frow, bound, same
     all_strings = np.array(strings.strings, dtype=object)
     string_map = np.full(len(strings.strings), -1, dtype=np.int64)
 
     for k in range(n_steps):
-        rows = ev_order[ev_bounds[k] : ev_bounds[k + 1]]
-        local_of[rows] = np.arange(rows.size, dtype=np.int32)
-        ev = {name: col[rows] for name, col in columns.items()}
-        for ref in ("parent", "launch"):
-            g = ev[ref]
-            valid = g >= 0
-            loc = np.full(g.size, -1, dtype=np.int32)
-            loc[valid] = local_of[g[valid]]
-            # A reference into another step's rows is dropped (-1), not left dangling.
-            same = np.zeros(g.size, dtype=bool)
-            same[valid] = step_of[g[valid]] == k
-            ev[ref] = np.where(same, loc, -1).astype(np.int32)
+        lo, hi = ev_bounds[k], ev_bounds[k + 1]
+        ev = {name: col[lo:hi] for name, col in ordered.items()}
         step_attrs = []
-        for a, o, bounds in attr_split:
-            sel = o[bounds[k] : bounds[k + 1]]
-            if sel.size:
-                step_attrs.append(Attr(a.key, a.type, local_of[a.rows[sel]], a.values[sel]))
-        fsel = f_order[f_bounds[k] : f_bounds[k + 1]]
-        step_flows = {name: col[fsel] for name, col in flows.items()}
-        frow = step_flows["row"]
-        fvalid = frow >= 0
-        step_flows["row"] = np.where(fvalid, local_of[np.maximum(frow, 0)], -1).astype(np.int32)
+        for a, a_local, a_values, bounds in attr_split:
+            b0, b1 = bounds[k], bounds[k + 1]
+            if b1 > b0:
+                step_attrs.append(Attr(a.key, a.type, a_local[b0:b1], a_values[b0:b1]))
+        step_flows = {name: col[f_bounds[k] : f_bounds[k + 1]] for name, col in f_ordered.items()}
 
         # Compact string table for this step.
         used = [ev["name_id"], ev["cat_id"], step_flows["cat_id"]]
@@ -618,5 +621,4 @@ def _split_steps(
             flows=step_flows,
             span_index=span_index,
         )
-        local_of[rows] = -1
         yield step
