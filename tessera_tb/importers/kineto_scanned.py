@@ -25,7 +25,6 @@ from tessera_tb.importers.kineto_columns import (
     _AttrPart,
     _merge_parts,
     check_finite,
-    factorize,
     int_or_zero,
     intern_json,
     us_to_ns,
@@ -199,13 +198,13 @@ def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray
     if pid.size == 0:
         return np.zeros(0, dtype=np.int32)
     pair = (pid.astype(np.int64) << 32) | tid.astype(np.int64)
-    codes, distinct = factorize(pair.tolist())  # in order of first appearance
-    lookup = np.fromiter(
-        (tracks.id_of((text[p >> 32], text[p & 0xFFFFFFFF])) for p in distinct),
-        dtype=np.int32,
-        count=len(distinct),
-    )
-    return lookup[codes]
+    # The distinct pairs in order of first appearance (a sort, not a Python pass per event).
+    uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    order = np.argsort(first)
+    lookup = np.empty(uniq.size, dtype=np.int32)
+    for i, p in zip(order.tolist(), uniq[order].tolist()):
+        lookup[i] = tracks.id_of((text[p >> 32], text[p & 0xFFFFFFFF]))
+    return lookup[inverse.reshape(-1)]
 
 
 def _attr_parts(
