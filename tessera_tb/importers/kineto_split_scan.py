@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
-from tessera_tb.importers.kineto_stream import _ungrouped
+from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _ungrouped
 
 # Only texts larger than this are split: below it the second thread costs more than it saves.
 SPLIT_ABOVE_BYTES = 16 << 20
@@ -38,21 +38,8 @@ RUN_BYTES = 1 << 20
 TAIL_BYTES = 4 << 20
 _BOUNDARY = re.compile(rb",[ \t\r]*\n[ \t\r\n]*(?=\{)")
 _STRING_COLUMNS = ("ph", "cat", "name", "pid", "tid")
-_TYPES = {
-    "ph": np.int32,
-    "cat": np.int32,
-    "name": np.int32,
-    "pid": np.int32,
-    "tid": np.int32,
-    "ts": np.float64,
-    "dur": np.float64,
-    "id_val": np.int64,
-    "id_sid": np.int32,
-    "arg_ev": np.int32,
-    "arg_key": np.int32,
-    "arg_type": np.uint8,
-    "arg_val": np.int64,
-}
+_EVENT_COLUMNS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id_val", "id_sid")
+_ARG_COLUMNS = ("arg_ev", "arg_type", "arg_val")
 _STRING_ARGS = np.zeros(256, dtype=bool)
 _STRING_ARGS[[T_STR, T_RAW, T_BIGINT]] = True
 
@@ -212,90 +199,102 @@ class _Renumber:
         self.string_ids = np.zeros(0, dtype=np.int32)
         self.key_ids = np.zeros(0, dtype=np.int32)
 
-    def same_strings(self) -> bool:
-        return bool((self.string_ids == np.arange(self.string_ids.size)).all())
 
-    def same_keys(self) -> bool:
-        return bool((self.key_ids == np.arange(self.key_ids.size)).all())
+def _numbered(values: list, index: dict, table: list) -> np.ndarray:
+    """The merged number of each value: its index in `table`, where it is appended (and
+    `index` notes it) when first seen."""
+    out = np.empty(len(values), dtype=np.int32)
+    for i, value in enumerate(values):
+        number = index.get(value)
+        if number is None:
+            number = index[value] = len(table)
+            table.append(value)
+        out[i] = number
+    return out
 
 
 def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
-    strings: list[str] = []
-    index: dict[str, int] = {}
-    key_sids: list[int] = []
-    key_index: dict[int, int] = {}
-    renumber = {"a": _Renumber(), "b": _Renumber()}
-    batches = []
+    """One scanner's finish() columns from the two sides' batches. The output arrays are
+    made whole first and filled batch by batch, each batch dropped once copied, so memory
+    holds the columns about once, not the batches and their concatenation."""
+    batches: list = []
     taken = {"a": iter(a.batches), "b": iter(b.batches)}
     for who in order:
         batches.append((who, next(taken[who])))
     # What came after A's last take, from finish(): in take()'s shape.
     a_taken = sum(int(x["n"]) for x in a.batches)
     batches.append(("a", _ungrouped(a.rest, a_taken, a.taken_strings)))
+    top = np.frombuffer(a.rest["top"], dtype=np.int64).reshape(-1, 3).copy()
+    top_text = a.rest["top_text"]
+    a.batches.clear()
+    b.batches.clear()
+    a.rest = None
 
-    parts: dict[str, list[np.ndarray]] = {k: [] for k in _TYPES}
-    events = 0
+    # Pass 1: the merged numbering of strings and argument keys, and the sizes.
+    strings: list[str] = []
+    index: dict[str, int] = {}
+    key_sids: list[int] = []
+    key_index: dict[int, int] = {}
+    renumber = {"a": _Renumber(), "b": _Renumber()}
+    events = args = 0
     for who, batch in batches:
         r = renumber[who]
-        new = []
-        for text in batch["strings"]:
-            gid = index.get(text)
-            if gid is None:
-                gid = index[text] = len(strings)
-                strings.append(text)
-            new.append(gid)
-        r.string_ids = np.concatenate([r.string_ids, np.array(new, np.int32)])
+        r.string_ids = np.append(r.string_ids, _numbered(batch["strings"], index, strings))
         sid_of_key = np.frombuffer(batch["arg_key_sid"], dtype=np.int32)
-        new_keys = []
-        for sid in sid_of_key[r.key_ids.size :].tolist():
-            gsid = int(r.string_ids[sid])
-            k = key_index.get(gsid)
-            if k is None:
-                k = key_index[gsid] = len(key_sids)
-                key_sids.append(gsid)
-            new_keys.append(k)
-        r.key_ids = np.concatenate([r.key_ids, np.array(new_keys, np.int32)])
-        cols = {k: np.frombuffer(batch[k], dtype=t) for k, t in _TYPES.items()}
-        if not r.same_strings():
-            ids = r.string_ids
-            for k in _STRING_COLUMNS:
-                cols[k] = ids[cols[k]]
-            sid = cols["id_sid"]
-            if (sid >= 0).any():
-                cols["id_sid"] = np.where(sid >= 0, ids[np.maximum(sid, 0)], -1).astype(np.int32)
-            is_string = _STRING_ARGS[cols["arg_type"]]
-            if is_string.any():
-                val = cols["arg_val"].copy()
-                val[is_string] = ids[val[is_string]]
-                cols["arg_val"] = val
-        if not r.same_keys():
-            cols["arg_key"] = r.key_ids[cols["arg_key"]]
-        shift = events - int(batch["first"])
-        if shift:
-            cols["arg_ev"] = cols["arg_ev"] + np.int32(shift)
+        new_keys = r.string_ids[sid_of_key[r.key_ids.size :]].tolist()
+        r.key_ids = np.append(r.key_ids, _numbered(new_keys, key_index, key_sids))
         events += int(batch["n"])
-        for k in _TYPES:
-            parts[k].append(cols[k])
-    merged = {k: np.concatenate(v) for k, v in parts.items()}
-    # Arguments grouped by key, in event order within a key (a stable sort; a radix sort
-    # on 16-bit keys, as there are rarely more than a few hundred keys).
-    keys = merged["arg_key"]
-    by_key = np.argsort(keys.astype(np.uint16) if len(key_sids) <= 1 << 16 else keys, kind="stable")
-    key_start = np.zeros(len(key_sids) + 1, dtype=np.int64)
-    key_start[1:] = np.cumsum(np.bincount(keys, minlength=len(key_sids)))
-    top = np.frombuffer(a.rest["top"], dtype=np.int64).reshape(-1, 3).copy()
+        args += len(batch["arg_key"]) // 4
+    n_keys = len(key_sids)
+    key_count = np.zeros(n_keys, dtype=np.int64)
+    for who, batch in batches:
+        keys = renumber[who].key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
+        key_count += np.bincount(keys, minlength=n_keys)
+    key_start = np.zeros(n_keys + 1, dtype=np.int64)
+    key_start[1:] = np.cumsum(key_count)
+
+    # Pass 2: each batch's columns renumbered into place; arguments grouped by key, in
+    # event order within a key (batches come in text order).
+    out = {k: np.empty(events, dtype=_COLUMN_TYPES[k]) for k in _EVENT_COLUMNS}
+    arg_out = {k: np.empty(args, dtype=_COLUMN_TYPES[k]) for k in _ARG_COLUMNS}
+    cursor = key_start[:-1].copy()
+    first_event = 0
+    for i, (who, batch) in enumerate(batches):
+        batches[i] = None  # dropped once copied
+        ids, key_ids = renumber[who].string_ids, renumber[who].key_ids
+        n = int(batch["n"])
+        rows = slice(first_event, first_event + n)
+        for k in _EVENT_COLUMNS:
+            column = np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k])
+            out[k][rows] = ids[column] if k in _STRING_COLUMNS else column
+        sid = out["id_sid"][rows]
+        string_id = sid >= 0
+        sid[string_id] = ids[sid[string_id]]
+        keys = key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
+        by_key = np.argsort(keys.astype(np.uint16) if n_keys <= 1 << 16 else keys, kind="stable")
+        counts = np.bincount(keys, minlength=n_keys)
+        # The k-th of a key's arguments in this batch goes k places after its cursor.
+        offset = cursor - (np.cumsum(counts) - counts)
+        at = offset[keys[by_key]] + np.arange(keys.size)
+        cursor += counts
+        ev = np.frombuffer(batch["arg_ev"], dtype=np.int32)
+        types = np.frombuffer(batch["arg_type"], dtype=np.uint8)
+        values = np.frombuffer(batch["arg_val"], dtype=np.int64).copy()
+        is_string = _STRING_ARGS[types]
+        values[is_string] = ids[values[is_string]]
+        arg_out["arg_ev"][at] = ev[by_key] + np.int32(first_event - int(batch["first"]))
+        arg_out["arg_type"][at] = types[by_key]
+        arg_out["arg_val"][at] = values[by_key]
+        first_event += n
+        del batch
     top[:, 0] = renumber["a"].string_ids[top[:, 0]]
     return {
         "strings": strings,
         "n": events,
-        **{k: merged[k] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur")},
-        "id_val": merged["id_val"],
-        "id_sid": merged["id_sid"],
-        "arg_ev": merged["arg_ev"][by_key],
-        "arg_type": merged["arg_type"][by_key],
-        "arg_val": merged["arg_val"][by_key],
+        **out,
+        **arg_out,
         "arg_key_sid": np.array(key_sids, dtype=np.int32),
         "arg_key_start": key_start,
         "top": top.reshape(-1).tobytes(),
-        "top_text": a.rest["top_text"],
+        "top_text": top_text,
     }
