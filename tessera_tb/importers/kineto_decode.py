@@ -402,6 +402,15 @@ def _pure(path: str, data: bytes) -> RawTrace:
     )
 
 
+# A text larger than this is read by two scanners at once (kineto_split_scan) where there
+# are two CPUs: below it the second thread and the merge cost more than they save.
+SPLIT_ABOVE_BYTES = 16 << 20
+
+
+def worth_splitting(text_bytes: int) -> bool:
+    return text_bytes > SPLIT_ABOVE_BYTES and (os.cpu_count() or 1) >= 2
+
+
 def read_trace(path: str) -> RawTrace:
     """A trace file read as a stream: gunzipped piece by piece in a thread while the C
     scanner reads the pieces into columns, so the whole text is never held (memory grows
@@ -409,10 +418,12 @@ def read_trace(path: str) -> RawTrace:
     pure-Python path reads the whole text."""
     with gc_paused():
         if scanner_available():
-            from tessera_tb.importers import kineto_split_scan, kineto_stream
+            from tessera_tb.importers import kineto_stream
 
             text_bytes = kineto_stream.text_bytes_estimate(path)
-            if kineto_split_scan.worth_splitting(text_bytes):
+            if worth_splitting(text_bytes):
+                from tessera_tb.importers import kineto_split_scan
+
                 split = kineto_split_scan.scan_split(
                     _prefetched(iter_text(path)), _kineto_scan, text_bytes
                 )

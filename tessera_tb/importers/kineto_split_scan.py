@@ -18,7 +18,6 @@ new ones in the order of its first use), so the merged columns equal one scanner
 
 from __future__ import annotations
 
-import os
 import queue
 import re
 import threading
@@ -30,8 +29,6 @@ import numpy as np
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
 from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _ungrouped
 
-# Only texts larger than this are split: below it the second thread costs more than it saves.
-SPLIT_ABOVE_BYTES = 16 << 20
 # A run for B starts once A is this far ahead (in bytes of text).
 RUN_BYTES = 1 << 20
 # No run starts this close to the end of the text (where the members after the list are).
@@ -46,10 +43,6 @@ _STRING_ARGS[[T_STR, T_RAW, T_BIGINT]] = True
 
 class _Declined(Exception):
     """The split scan cannot give one scanner's result: scan the file with one scanner."""
-
-
-def worth_splitting(text_bytes: int) -> bool:
-    return text_bytes > SPLIT_ABOVE_BYTES and (os.cpu_count() or 1) >= 2
 
 
 class _Side:

@@ -117,7 +117,7 @@ def test_a_boundary_inside_an_event_is_declined(tmp_path, small_runs):
 def split_small(monkeypatch, small_runs):
     """read_trace splits every text, read in small pieces; `calls` records each split's
     outcome (True: merged columns used, False: declined)."""
-    monkeypatch.setattr(kineto_split_scan, "SPLIT_ABOVE_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "SPLIT_ABOVE_BYTES", 0)
     monkeypatch.setattr(kineto_decode, "READ_CHUNK", 8 << 10)
     monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
     calls = []
@@ -138,7 +138,7 @@ def _files(directory: str) -> list[str]:
 
 def test_import_with_two_scanners_writes_the_same_run(tmp_path, split_small, monkeypatch):
     with monkeypatch.context() as m:
-        m.setattr(kineto_split_scan, "worth_splitting", lambda _size: False)
+        m.setattr(kineto_decode, "worth_splitting", lambda _size: False)
         one = _run_files(import_traces([DDP, STACK], str(tmp_path / "a"), "r", jobs=1).run_dir)
     assert split_small == []
     two = _run_files(import_traces([DDP, STACK], str(tmp_path / "b"), "r", jobs=1).run_dir)
@@ -169,7 +169,7 @@ def test_damage_in_the_middle_gives_the_one_scanner_error(tmp_path, monkeypatch)
         kineto_decode.read_trace(path)
     monkeypatch.setattr(kineto_split_scan, "RUN_BYTES", 16 << 10)
     monkeypatch.setattr(kineto_split_scan, "TAIL_BYTES", 16 << 10)
-    monkeypatch.setattr(kineto_split_scan, "SPLIT_ABOVE_BYTES", 0)
+    monkeypatch.setattr(kineto_decode, "SPLIT_ABOVE_BYTES", 0)
     monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
     threads = threading.active_count()
     with pytest.raises(TraceFormatError) as two:
