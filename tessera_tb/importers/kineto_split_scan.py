@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
-from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _ungrouped
+from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS, _ungrouped
 
 # A run for B starts once A is this far ahead (in bytes of text).
 RUN_BYTES = 1 << 20
@@ -35,14 +35,9 @@ RUN_BYTES = 1 << 20
 TAIL_BYTES = 4 << 20
 _BOUNDARY = re.compile(rb",[ \t\r]*\n[ \t\r\n]*(?=\{)")
 _STRING_COLUMNS = ("ph", "cat", "name", "pid", "tid")
-_EVENT_COLUMNS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id_val", "id_sid")
 _ARG_COLUMNS = ("arg_ev", "arg_type", "arg_val")
 _STRING_ARGS = np.zeros(256, dtype=bool)
 _STRING_ARGS[[T_STR, T_RAW, T_BIGINT]] = True
-
-
-class _Declined(Exception):
-    """The split scan cannot give one scanner's result: scan the file with one scanner."""
 
 
 class _Side:
@@ -230,19 +225,20 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
     key_index: dict[int, int] = {}
     renumber = {"a": _Renumber(), "b": _Renumber()}
     events = args = 0
+    key_count = np.zeros(0, dtype=np.int64)
     for who, batch in batches:
         r = renumber[who]
         r.string_ids = np.append(r.string_ids, _numbered(batch["strings"], index, strings))
         sid_of_key = np.frombuffer(batch["arg_key_sid"], dtype=np.int32)
         new_keys = r.string_ids[sid_of_key[r.key_ids.size :]].tolist()
         r.key_ids = np.append(r.key_ids, _numbered(new_keys, key_index, key_sids))
+        keys = r.key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
+        counts = np.bincount(keys, minlength=len(key_sids))  # keys only grow in number
+        counts[: key_count.size] += key_count
+        key_count = counts
         events += int(batch["n"])
-        args += len(batch["arg_key"]) // 4
-    n_keys = len(key_sids)
-    key_count = np.zeros(n_keys, dtype=np.int64)
-    for who, batch in batches:
-        keys = renumber[who].key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
-        key_count += np.bincount(keys, minlength=n_keys)
+        args += keys.size
+    n_keys = len(key_sids)  # as many as key_count: the last bincount was made with them all
     key_start = np.zeros(n_keys + 1, dtype=np.int64)
     key_start[1:] = np.cumsum(key_count)
 
