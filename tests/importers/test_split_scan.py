@@ -116,7 +116,7 @@ def test_a_boundary_inside_an_event_is_declined(tmp_path, small_runs):
 @pytest.fixture
 def split_small(monkeypatch, small_runs):
     """read_trace splits every text, read in small pieces; `calls` records each split's
-    outcome (True: merged columns used, False: declined)."""
+    outcome (True: merged columns used, False: declined, "raised": an error went through)."""
     monkeypatch.setattr(kineto_decode, "SPLIT_ABOVE_BYTES", 0)
     monkeypatch.setattr(kineto_decode, "READ_CHUNK", 8 << 10)
     monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
@@ -124,8 +124,9 @@ def split_small(monkeypatch, small_runs):
     real = kineto_split_scan.scan_split
 
     def spy(*args):
+        calls.append("raised")
         result = real(*args)
-        calls.append(result is not None)
+        calls[-1] = result is not None
         return result
 
     monkeypatch.setattr(kineto_split_scan, "scan_split", spy)
@@ -163,17 +164,16 @@ def _damaged_in_the_middle(tmp_path) -> str:
     return str(out)
 
 
-def test_damage_in_the_middle_gives_the_one_scanner_error(tmp_path, monkeypatch):
+def test_damage_in_the_middle_gives_the_one_scanner_error(tmp_path, split_small, monkeypatch):
     path = _damaged_in_the_middle(tmp_path)
-    with pytest.raises(TraceFormatError) as one:
-        kineto_decode.read_trace(path)
-    monkeypatch.setattr(kineto_split_scan, "RUN_BYTES", 16 << 10)
-    monkeypatch.setattr(kineto_split_scan, "TAIL_BYTES", 16 << 10)
-    monkeypatch.setattr(kineto_decode, "SPLIT_ABOVE_BYTES", 0)
-    monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 48 << 10)
+    with monkeypatch.context() as m:
+        m.setattr(kineto_decode, "worth_splitting", lambda _size: False)
+        with pytest.raises(TraceFormatError) as one:
+            kineto_decode.read_trace(path)
     threads = threading.active_count()
     with pytest.raises(TraceFormatError) as two:
         kineto_decode.read_trace(path)
+    assert split_small == [False]  # the split declined at the damage; one scanner named it
     assert str(two.value) == str(one.value) and path in str(two.value)
     assert threading.active_count() == threads  # the scanners' threads are gone
 
@@ -186,4 +186,5 @@ def test_a_truncated_gzip_fails_naming_the_file_and_leaves_no_thread(tmp_path, s
     with pytest.raises(TraceFormatError, match="truncated gzip") as err:
         kineto_decode.read_trace(str(path))
     assert str(path) in str(err.value)
+    assert split_small == ["raised"]  # met while the two scanners were reading
     assert threading.active_count() == threads
