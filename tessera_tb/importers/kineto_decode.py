@@ -414,8 +414,9 @@ def worth_splitting(text_bytes: int) -> bool:
 def read_trace(path: str) -> RawTrace:
     """A trace file read as a stream: gunzipped piece by piece in a thread while the C
     scanner reads the pieces into columns, so the whole text is never held (memory grows
-    with the columns, about a sixth of the text). Where the scanner is off or declines, the
-    pure-Python path reads the whole text."""
+    with the columns, about a sixth of the text); past SPLIT_ABOVE_BYTES two scanners read
+    it (kineto_split_scan), one where they decline. Where the scanner is off or declines,
+    the pure-Python path reads the whole text."""
     with gc_paused():
         if scanner_available():
             from tessera_tb.importers import kineto_stream
