@@ -15,6 +15,16 @@ _SCANNER = Extension(
     extra_compile_args=["-O2"],
     optional=True,
 )
+# A step's columns packed in C with zlib (tessera_tb/trace/_colpack.c), the GIL released:
+# steps encoded in threads then run side by side. Optional too: without it
+# trace/columns.py packs the same bytes with numpy and the zlib module.
+_COLPACK = Extension(
+    "tessera_tb.trace._colpack",
+    sources=["tessera_tb/trace/_colpack.c"],
+    libraries=["z"],
+    extra_compile_args=["-O2"],
+    optional=True,
+)
 
 setup(
     name="tessera-profiler",
@@ -26,7 +36,7 @@ setup(
     python_requires=">=3.10",
     packages=_TB_PACKAGES + _CAPTURE_PACKAGES,
     package_dir={"tessera": "capture/tessera"},
-    ext_modules=[_SCANNER],
+    ext_modules=[_SCANNER, _COLPACK],
     package_data={"tessera_tb": ["proto/*.proto", "proto/*.pyi", "frontend/*"]},
     install_requires=[
         "tensorboard>=2.21",

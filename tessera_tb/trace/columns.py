@@ -17,6 +17,12 @@ except ImportError:  # a platform without isal's wheels: zlib, slower, same form
     deflate_module = zlib
 DEFLATE_ERRORS = (zlib.error, deflate_module.error)
 
+try:
+    # The C packer (setup.py builds it where a C compiler and zlib's headers are at hand).
+    from tessera_tb.trace import _colpack
+except ImportError:
+    _colpack = None
+
 _DTYPES = {
     pb.INT8: np.dtype("<i1"),
     pb.UINT8: np.dtype("<u1"),
@@ -37,32 +43,67 @@ _DELTA_PROBE_BLOCKS = 4
 _DELTA_PROBE_VALUES = 2048
 
 
+# How a column's integers are stored: as they are, as differences, or whichever packs
+# smaller (the `delta` argument of encode: False, True, None).
+_PLAIN, _DELTA, _CHOOSE = 0, 1, 2
+
+
 def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb.Column) -> None:
     """Fill `out` with `values` stored as `dtype` (little-endian).
 
     `delta`: True/False forces difference coding; None (the default) tries both for
     integer columns and keeps the smaller (offsets and ids shrink, names do not).
     """
-    arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
-    out.dtype = _CODES[arr.dtype]
-    out.count = arr.size
-    if delta is None and arr.dtype.kind == "i" and arr.size > 2:
-        if arr.nbytes < _MIN_COMPRESS_BYTES:
-            delta = False  # stored uncompressed either way, so both forms are the same size
-        elif arr.size > _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
-            delta = _delta_pays(arr)
+    encode_many([(values, dtype, delta, out)])
+
+
+def encode_many(jobs, *, packer=None) -> None:
+    """encode() for several columns at once: (values, dtype, delta, out) each. A step's
+    columns go through here together: the C packer (_colpack, where it was built) packs
+    them all in one call with the GIL released, so steps encoded in several threads do not
+    queue for it column by column. `packer`: "c" or "python" to force one (tests); the
+    bytes are the same."""
+    prepared = []
+    for values, dtype, delta, out in jobs:
+        arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
+        integer = arr.dtype.kind == "i"
+        if delta and not integer:
+            raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
+        mode = _CHOOSE if delta is None and integer else _DELTA if delta else _PLAIN
+        prepared.append((arr, mode, out))
+    use_c = _colpack is not None if packer is None else packer == "c"
+    if use_c:
+        packed = _colpack.pack_columns(
+            [(arr, mode, _probe_starts(arr, mode)) for arr, mode, _ in prepared],
+            _ZLIB_LEVEL,
+            _MIN_COMPRESS_BYTES,
+            _DELTA_PROBE_VALUES,
+        )
+    else:
+        packed = [_pack_column(arr, mode) for arr, mode, _ in prepared]
+    for (arr, _, out), (delta, shuffle, compressed, data) in zip(prepared, packed):
+        out.dtype = _CODES[arr.dtype]
+        out.count = arr.size
+        out.delta = delta
+        out.shuffle = shuffle
+        out.codec = pb.CODEC_ZLIB if compressed else pb.CODEC_NONE
+        out.data = data
+
+
+def _pack_column(arr: np.ndarray, mode: int) -> tuple[bool, bool, bool, bytes]:
+    """(delta, shuffle, compressed, bytes) of one column, in numpy and the zlib module:
+    what _colpack.c does in C."""
+    if mode == _CHOOSE and arr.size > 2 and arr.nbytes >= _MIN_COMPRESS_BYTES:
+        # (fewer bytes are stored uncompressed either way: both forms the same size)
+        starts = _probe_starts(arr, mode)
+        if starts is not None:
+            mode = _DELTA if _delta_pays(arr, starts) else _PLAIN
         else:
             plain = _pack(arr)
             diffs = _pack(_deltas(arr))
-            out.delta = len(diffs[2]) < len(plain[2])
-            out.shuffle, out.codec, out.data = diffs if out.delta else plain
-            return
-    if delta and arr.dtype.kind != "i":
-        raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
-    if delta and arr.size:
-        arr = _deltas(arr)
-        out.delta = True
-    out.shuffle, out.codec, out.data = _pack(arr)
+            return (True, *diffs) if len(diffs[2]) < len(plain[2]) else (False, *plain)
+    delta = mode == _DELTA and arr.size > 0
+    return (delta, *_pack(_deltas(arr) if delta else arr))
 
 
 def _deltas(arr: np.ndarray) -> np.ndarray:
@@ -74,29 +115,36 @@ def _deltas(arr: np.ndarray) -> np.ndarray:
     return out
 
 
-def _delta_pays(arr: np.ndarray) -> bool:
+def _probe_starts(arr: np.ndarray, mode: int) -> tuple[int, ...] | None:
+    """Where the probe blocks of a long integer column that chooses its coding start
+    (None for the other columns: they try both codings whole)."""
+    if mode != _CHOOSE or arr.size <= _DELTA_PROBE_BLOCKS * _DELTA_PROBE_VALUES * 2:
+        return None
+    last = arr.size - _DELTA_PROBE_VALUES
+    return tuple(np.linspace(0, last, _DELTA_PROBE_BLOCKS).astype(np.int64).tolist())
+
+
+def _delta_pays(arr: np.ndarray, starts: tuple[int, ...]) -> bool:
     """Whether difference coding compresses a long integer column smaller, judged on a few
     blocks spread over it: compressing the whole column both ways costs twice the zlib time
     for the same choice (bench/ingest.py, B/ev)."""
-    n = arr.size
-    width = _DELTA_PROBE_VALUES
-    starts = np.linspace(0, n - width, _DELTA_PROBE_BLOCKS).astype(np.int64).tolist()
     plain = diffs = 0
     for s in starts:
-        block = arr[s : s + width]
+        block = arr[s : s + _DELTA_PROBE_VALUES]
         plain += len(_pack(block)[2])
         diffs += len(_pack(_deltas(block))[2])
     return diffs < plain
 
 
-def _pack(arr: np.ndarray) -> tuple[bool, int, bytes]:
-    """(shuffled, codec, bytes) of an array: byte planes split, then zlib when it pays."""
+def _pack(arr: np.ndarray) -> tuple[bool, bool, bytes]:
+    """(shuffled, compressed, bytes) of an array: byte planes split, then zlib when it pays."""
     width = arr.dtype.itemsize
     raw = arr.view(np.uint8)
     shuffle = width > 1 and arr.size > 1
     if shuffle:
         raw = raw.reshape(-1, width).T
-    return (shuffle, *_compress(raw.tobytes()))
+    codec, data = _compress(raw.tobytes())
+    return shuffle, codec == pb.CODEC_ZLIB, data
 
 
 def _compress(data: bytes) -> tuple[int, bytes]:

@@ -67,24 +67,30 @@ def step_to_proto(step: StepData) -> pb.Step:
     stored["start_ns"] = starts - base_ns
     for ref in ("parent", "launch"):  # row references stored relative to the row: small numbers
         stored[ref] = np.where(ev[ref] >= 0, rows - ev[ref], 0)
-    for name, dtype in EVENT_COLUMNS.items():
-        columns.encode(stored[name], dtype, out=getattr(msg.events, name))
+    # (values, dtype, delta, message) of every column, packed together (columns.encode_many)
+    cols = [
+        (stored[name], dtype, None, getattr(msg.events, name))
+        for name, dtype in EVENT_COLUMNS.items()
+    ]
     for a in step.attrs:
         col = msg.attrs.add(key=a.key, type=ATTR_TYPES[a.type])
-        columns.encode(a.rows, "int32", delta=True, out=col.rows)
-        columns.encode(a.values, ATTR_VALUE_DTYPES[a.type], out=col.values)
+        cols.append((a.rows, "int32", True, col.rows))
+        cols.append((a.values, ATTR_VALUE_DTYPES[a.type], None, col.values))
     if step.flows:
         fl = dict(step.flows)
         bound = fl["row"] >= 0
         anchor = np.where(bound, starts[np.maximum(fl["row"], 0)] if starts.size else 0, base_ns)
         fl["ts_ns"] = fl["ts_ns"] - anchor
         msg.flows.count = int(fl["flow_id"].size)
-        for name, dtype in FLOW_COLUMNS.items():
-            columns.encode(fl[name], dtype, out=getattr(msg.flows, name))
+        cols += [
+            (fl[name], dtype, None, getattr(msg.flows, name))
+            for name, dtype in FLOW_COLUMNS.items()
+        ]
     for c in step.counters:
         cm = msg.counters.add(name=c.name, unit=c.unit, source=c.source, device=int(c.device))
-        columns.encode(np.asarray(c.ts_ns) - base_ns, "int64", delta=True, out=cm.ts_ns)
-        columns.encode(c.values, "float64", out=cm.values)
+        cols.append((np.asarray(c.ts_ns) - base_ns, "int64", True, cm.ts_ns))
+        cols.append((c.values, "float64", None, cm.values))
+    columns.encode_many(cols)
     for cap in step.capabilities:
         msg.capabilities.add(name=cap.name, status=cap.status, reason=cap.reason)
     return msg
