@@ -33,6 +33,7 @@ from tessera_tb.trace.step import (
     Attr,
     StepData,
     TrackInfo,
+    canonical_order,
     kind_mask,
 )
 
@@ -160,7 +161,12 @@ def span_of_columns(
         track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
     else:
         track_infos = plan.tracks
-    parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id)
+    # The rows in the file's canonical order (track, start, longer first, lower External id),
+    # sorted once: the host trees, the flow binding and the step split all read it.
+    row_order = canonical_order(
+        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
+    )
+    parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, row_order)
     launch = _launch_links(kind, correlation)
 
     # Steps.
@@ -178,6 +184,7 @@ def span_of_columns(
             kind=kind,
             parent=parent,
             launch=launch,
+            order=row_order,
             warnings=warnings,
         )
     if step_rows:
@@ -207,7 +214,7 @@ def span_of_columns(
         span_start[i] = max(host_start[i], span_end[i - 1])
         span_end[i] = max(span_end[i], span_start[i])
 
-    flows, flow_warn = _bind_flows(cols.flows, start_ns, dur_ns, track_id, parent, path)
+    flows, flow_warn = _bind_flows(cols.flows, start_ns, dur_ns, track_id, parent, path, row_order)
     if flow_warn:
         warnings.append(flow_warn)
     if flows["flow_id"].size:
@@ -230,6 +237,7 @@ def span_of_columns(
         span_start=span_start,
         span_end=span_end,
         step_of=step_of,
+        order=row_order,
         columns={
             "start_ns": start_ns,
             "dur_ns": dur_ns,
@@ -260,11 +268,24 @@ def span_of_columns(
 
 
 def _planned_span(
-    plan: StepPlan, *, cols, path, strings, span_index, base_ns, kind, parent, launch, warnings
+    plan: StepPlan,
+    *,
+    cols,
+    path,
+    strings,
+    span_index,
+    base_ns,
+    kind,
+    parent,
+    launch,
+    order,
+    warnings,
 ) -> SpanStream:
     """The steps of a part of a file, as StepPlan decided them; flow points bind to the
     part's own events (a point's enclosing slice is in its step's part)."""
-    flows, _ = _bind_flows(cols.flows, cols.start_ns, cols.dur_ns, cols.track_id, parent, path)
+    flows, _ = _bind_flows(
+        cols.flows, cols.start_ns, cols.dur_ns, cols.track_id, parent, path, order
+    )
     frow = flows["row"]
     plan.unbound_flows[0] += int((frow < 0).sum())
     plan.unbound_flows[1] += int(frow.size)
@@ -276,6 +297,7 @@ def _planned_span(
         span_start=plan.span_start,
         span_end=plan.span_end,
         step_of=step_of,
+        order=order,
         columns={
             "start_ns": cols.start_ns,
             "dur_ns": cols.dur_ns,
@@ -444,19 +466,17 @@ def previous_greater_equal(values: np.ndarray) -> np.ndarray:
     return np.maximum(pos, -1)
 
 
-def _tree_parents(rows: np.ndarray, start, end, track_id, external_id, parent: np.ndarray) -> None:
+def _tree_parents(rows: np.ndarray, end, track_id, parent: np.ndarray) -> None:
     """Containment tree: B's parent is the innermost A on the same track with A ⊇ B.
 
-    Rows are ordered by track, start, longer first, lower External id first, so a parent
-    comes before its children and, on equal intervals, the lower External id is the parent
-    (METRICS.md). In that order every earlier row of the track starts no later, so the
-    innermost container of a row is the nearest earlier row of its track that ends no
-    earlier: a previous-greater-or-equal search on the end times.
+    `rows` come in the canonical order (track, start, longer first, lower External id
+    first), so a parent comes before its children and, on equal intervals, the lower
+    External id is the parent (METRICS.md). In that order every earlier row of the track
+    starts no later, so the innermost container of a row is the nearest earlier row of its
+    track that ends no earlier: a previous-greater-or-equal search on the end times.
     """
     if rows.size == 0:
         return
-    order = np.lexsort((external_id[rows], -(end[rows] - start[rows]), start[rows], track_id[rows]))
-    rows = rows[order]
     tracks = track_id[rows]
     nearest = previous_greater_equal(end[rows])
     # The nearest such row in an earlier track means none in this one.
@@ -465,13 +485,14 @@ def _tree_parents(rows: np.ndarray, start, end, track_id, external_id, parent: n
     parent[rows[found]] = rows[nearest[found]]
 
 
-def _host_tree_parents(start_ns, dur_ns, kind, track_id, external_id) -> np.ndarray:
+def _host_tree_parents(start_ns, dur_ns, kind, track_id, order) -> np.ndarray:
+    """The host trees' parents; `order`: every row in the canonical order (a subset of
+    it keeps the order)."""
     parent = np.full(kind.size, -1, dtype=np.int32)
     end = start_ns + dur_ns
-    _tree_parents(np.flatnonzero(IS_HOST_TREE[kind]), start_ns, end, track_id, external_id, parent)
-    _tree_parents(
-        np.flatnonzero(kind == KIND["python"]), start_ns, end, track_id, external_id, parent
-    )
+    ordered_kind = kind[order]
+    _tree_parents(order[IS_HOST_TREE[ordered_kind]], end, track_id, parent)
+    _tree_parents(order[ordered_kind == KIND["python"]], end, track_id, parent)
     return parent
 
 
@@ -491,18 +512,28 @@ def _launch_links(kind: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     return launch
 
 
-def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent, path: str):
+def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent, path: str, order):
     """Fill flows["row"]: each point binds to its enclosing slice (Chrome's rule), the
-    innermost event on its track whose interval contains the point's timestamp."""
+    innermost event on its track whose interval contains the point's timestamp. `order`:
+    the rows in the canonical order."""
     m = flows["flow_id"].size
     if not m or not start_ns.size:
         return flows, ""
     # Rows sorted by (track, start, longer first) make the last event starting at or before
     # ts the innermost candidate; when it has already ended, its ancestors in the host tree
-    # are the next candidates.
+    # are the next candidates. Of rows equal on all three, the candidate is the one of
+    # highest row index; the canonical order sorts those by External id, so each position
+    # stands for its group's highest row.
     end_ns = start_ns + dur_ns
-    order = np.lexsort((-dur_ns, start_ns, track_id))
-    s_track, s_start = track_id[order], start_ns[order]
+    s_track, s_start, s_dur = track_id[order], start_ns[order], dur_ns[order]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = (
+        (s_track[1:] != s_track[:-1]) | (s_start[1:] != s_start[:-1]) | (s_dur[1:] != s_dur[:-1])
+    )
+    group_starts = np.flatnonzero(first)
+    candidate = np.repeat(
+        np.maximum.reduceat(order, group_starts), np.diff(group_starts, append=order.size)
+    )
     f_track, f_ts = flows["track_id"], flows["ts_ns"]
     row = flows["row"]
     for t in np.unique(f_track):
@@ -512,7 +543,7 @@ def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent
             continue
         pos = np.searchsorted(s_start[lo:hi], f_ts[sel], side="right") - 1
         found = pos >= 0
-        row[sel[found]] = order[lo:hi][pos[found]]
+        row[sel[found]] = candidate[lo:hi][pos[found]]
     bound = np.flatnonzero(row >= 0)
     for i in bound[end_ns[row[bound]] < f_ts[bound]].tolist():
         r = int(row[i])
@@ -531,6 +562,7 @@ def _split_steps(
     span_start,
     span_end,
     step_of,
+    order,
     columns,
     attrs,
     flows,
@@ -542,17 +574,13 @@ def _split_steps(
     """The steps, one at a time (a generator). Rows are put in step order once (by step,
     then in the file's canonical order, step.canonical_order, so that the writer has
     nothing to reorder) and row references made step-local once; each step's columns are
-    then slices of those arrays, made when it is asked for."""
+    then slices of those arrays, made when it is asked for. `order`: the rows in the
+    canonical order, which a stable sort by step keeps within each step."""
     n = step_of.size
-    ev_order = np.lexsort(
-        (
-            columns["external_id"],
-            -columns["dur_ns"],
-            columns["start_ns"],
-            columns["track_id"],
-            step_of,
-        )
-    )
+    by_step = step_of[order]
+    if n_steps <= np.iinfo(np.uint16).max:
+        by_step = by_step.astype(np.uint16)  # a stable sort of 16-bit keys is a radix sort
+    ev_order = order[np.argsort(by_step, kind="stable")]
     ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
     rank = np.empty(n, dtype=np.int64)
     rank[ev_order] = np.arange(n)
@@ -569,7 +597,9 @@ def _split_steps(
     del ordered_step
     attr_split = []
     for a in attrs:
-        o = np.argsort(rank[a.rows])
+        # (ranks are distinct, so any sort gives this order; a stable one is fastest on
+        # the runs that file order leaves)
+        o = np.argsort(rank[a.rows], kind="stable")
         a_rows = a.rows[o]
         bounds = np.searchsorted(step_of[a_rows], np.arange(n_steps + 1))
         attr_split.append((a, local_of[a_rows], a.values[o], bounds))

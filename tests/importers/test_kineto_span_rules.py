@@ -52,6 +52,50 @@ def test_flow_point_binds_to_the_enclosing_slice_not_the_last_one_started():
     assert bound == {0: "A", 2: "B"}
 
 
+def _flow_end(ts, tid=1):
+    return {
+        "ph": "f",
+        "cat": "fwdbwd",
+        "name": "fwdbwd",
+        "id": 1,
+        "pid": 1,
+        "tid": tid,
+        "ts": ts,
+        "bp": "e",
+    }
+
+
+def test_flow_point_on_equal_intervals_binds_to_the_later_one_in_the_file():
+    # Two slices with the same interval: the point binds to the one written later, whatever
+    # their External ids (which order the step's rows, not the binding).
+    for first, second in ((5, 7), (7, 5)):
+        (step,) = _span(
+            [
+                _x("early", 0, 10, **{"External id": first}),
+                _x("late", 0, 10, **{"External id": second}),
+                _flow_end(6),
+            ]
+        ).steps
+        names = step.string_values(step.events["name_id"])
+        assert names[step.flows["row"]].tolist() == ["late"], (first, second)
+
+
+def test_flow_point_after_an_ended_slice_binds_to_its_innermost_container():
+    # The last slice started before the point ended before it: the point goes up the host
+    # tree, to the higher External id of the two equal intervals (the inner one).
+    for first, second, want in ((5, 7, "late"), (7, 5, "early")):
+        (step,) = _span(
+            [
+                _x("early", 0, 10, **{"External id": first}),
+                _x("late", 0, 10, **{"External id": second}),
+                _x("ended", 0, 4, **{"External id": 9}),
+                _flow_end(6),
+            ]
+        ).steps
+        names = step.string_values(step.events["name_id"])
+        assert names[step.flows["row"]].tolist() == [want], (first, second)
+
+
 def test_equal_intervals_nest_under_the_lower_external_id():
     (step,) = _span(
         [_x("outer", 0, 10, **{"External id": 5}), _x("inner", 0, 10, **{"External id": 7})]
