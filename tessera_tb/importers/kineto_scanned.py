@@ -198,13 +198,17 @@ def _track_ids(tracks: Tracks, text: list[str], pid: np.ndarray, tid: np.ndarray
     if pid.size == 0:
         return np.zeros(0, dtype=np.int32)
     pair = (pid.astype(np.int64) << 32) | tid.astype(np.int64)
-    # The distinct pairs in order of first appearance (a sort, not a Python pass per event).
-    uniq, first, inverse = np.unique(pair, return_index=True, return_inverse=True)
+    # The distinct pairs in order of first appearance. A thread's events come in runs, and
+    # a pair first appears at the head of a run: the heads are sorted, not every event.
+    heads = np.flatnonzero(pair[1:] != pair[:-1]) + 1
+    heads = np.concatenate([np.zeros(1, dtype=heads.dtype), heads])
+    uniq, first = np.unique(pair[heads], return_index=True)
     order = np.argsort(first)
     lookup = np.empty(uniq.size, dtype=np.int32)
     for i, p in zip(order.tolist(), uniq[order].tolist()):
         lookup[i] = tracks.id_of((text[p >> 32], text[p & 0xFFFFFFFF]))
-    return lookup[inverse.reshape(-1)]
+    per_run = lookup[np.searchsorted(uniq, pair[heads])]
+    return np.repeat(per_run, np.diff(heads, append=pair.size))
 
 
 def _attr_parts(
@@ -230,7 +234,7 @@ def _attr_parts(
     # Per key, in one pass each: the type codes among its kept arguments (a bit each), and
     # whether it has any argument to drop.
     starts = bounds_arr[:-1][np.diff(bounds_arr) > 0]
-    type_bits = np.where(keep, np.left_shift(1, types, dtype=np.int64), 0)
+    type_bits = np.where(keep, np.left_shift(np.uint8(1), types), np.uint8(0))  # codes < 8
     bits_of = dict.fromkeys(range(len(key_sid)), 0)
     drop_of = dict(bits_of)
     if starts.size:

@@ -555,6 +555,22 @@ def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent
     return flows, warn
 
 
+def _used_ids(used: list[np.ndarray], in_use: np.ndarray) -> np.ndarray:
+    """The sorted distinct string ids in `used`, and 0 (the empty string): marked in
+    `in_use` (all False, as it is left) where the table is not much larger than the ids."""
+    count = sum(u.size for u in used)
+    if in_use.size > 16 * count + 4096:
+        return np.unique(
+            np.concatenate([np.zeros(1, np.int64)] + [u.astype(np.int64) for u in used])
+        )
+    in_use[0] = True
+    for u in used:
+        in_use[u] = True
+    ids = np.flatnonzero(in_use)
+    in_use[ids] = False
+    return ids
+
+
 def _split_steps(
     *,
     n_steps,
@@ -613,6 +629,7 @@ def _split_steps(
     del rank, local_of, frow, bound, same
     all_strings = np.array(strings.strings, dtype=object)
     string_map = np.full(len(strings.strings), -1, dtype=np.int64)
+    in_use = np.zeros(len(strings.strings), dtype=bool)
 
     for k in range(n_steps):
         lo, hi = ev_bounds[k], ev_bounds[k + 1]
@@ -627,9 +644,7 @@ def _split_steps(
         # Compact string table for this step.
         used = [ev["name_id"], ev["cat_id"], step_flows["cat_id"]]
         used += [a.values for a in step_attrs if a.type in ("string", "json")]
-        ids = np.unique(
-            np.concatenate([np.zeros(1, np.int32)] + [u.astype(np.int32) for u in used])
-        )
+        ids = _used_ids(used, in_use)
         string_map[ids] = np.arange(ids.size)
         ev["name_id"] = string_map[ev["name_id"]].astype(np.int32)
         ev["cat_id"] = string_map[ev["cat_id"]].astype(np.int32)

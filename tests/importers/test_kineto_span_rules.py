@@ -155,3 +155,16 @@ def test_previous_greater_equal_matches_the_monotonic_stack():
         for high in (3, 10**9):
             values = rng.integers(0, high, n)
             assert previous_greater_equal(values).tolist() == stack_answer(values.tolist())
+
+
+def test_used_string_ids_are_the_same_marked_or_sorted():
+    from tessera_tb.importers.kineto_span import _used_ids
+
+    rng = np.random.default_rng(3)
+    for table, count in ((50, 400), (5000, 300), (200_000, 50), (10, 0)):
+        used = [rng.integers(0, table, count).astype(np.int32), rng.integers(0, table, 7)]
+        in_use = np.zeros(table, dtype=bool)
+        got = _used_ids(used, in_use)
+        want = np.unique(np.concatenate([[0], *used]))
+        assert got.tolist() == want.tolist(), (table, count)
+        assert not in_use.any()  # left as it was found, for the next step
