@@ -1380,7 +1380,49 @@ static PyTypeObject ScannerType = {
     .tp_methods = scanner_methods,
 };
 
+/* ------------------------------------------------------------------ span helper */
+
+/* previous_greater_equal(int64 buffer) -> bytearray of int64: for each i, the largest j < i
+ * with values[j] >= values[i], or -1 (kineto_span.previous_greater_equal, whose numpy form
+ * takes O(n log n); this is the monotonic stack, O(n), the GIL released). */
+static PyObject *previous_greater_equal(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer in;
+    if (PyObject_GetBuffer(arg, &in, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (in.itemsize != 8 || !in.format || (strcmp(in.format, "l") && strcmp(in.format, "q") &&
+                                           strcmp(in.format, "<q") && strcmp(in.format, "<l"))) {
+        PyBuffer_Release(&in);
+        PyErr_SetString(PyExc_TypeError, "previous_greater_equal takes int64 values");
+        return NULL;
+    }
+    Py_ssize_t n = in.len / 8;
+    PyObject *out = PyByteArray_FromStringAndSize(NULL, n * 8);
+    int64_t *stack = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (!out || !stack) {
+        Py_XDECREF(out);
+        free(stack);
+        PyBuffer_Release(&in);
+        return PyErr_NoMemory();
+    }
+    const int64_t *v = in.buf;
+    int64_t *res = (int64_t *)PyByteArray_AS_STRING(out);
+    Py_BEGIN_ALLOW_THREADS
+    Py_ssize_t top = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        while (top > 0 && v[stack[top - 1]] < v[i]) top--;
+        res[i] = top ? stack[top - 1] : -1;
+        stack[top++] = i;
+    }
+    Py_END_ALLOW_THREADS
+    free(stack);
+    PyBuffer_Release(&in);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"previous_greater_equal", previous_greater_equal, METH_O,
+     "previous_greater_equal(int64 buffer) -> bytearray of int64: for each i the largest "
+     "j < i with values[j] >= values[i], or -1."},
     {"scan_events", scan_events, METH_O,
      "scan_events(buffer) -> dict of columns: the JSON text of a trace (an object with "
      "traceEvents, or a list of events), read in one pass (see the module source for the "

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
-from tessera_tb.importers.kineto_decode import RawTrace
+from tessera_tb.importers.kineto_decode import RawTrace, _kineto_scan
 from tessera_tb.importers.kineto_scanned import scanned_span_columns
 from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import (
@@ -352,9 +352,9 @@ def _track_infos(tracks: Tracks, kind, track_id, attrs: list[Attr], meta_events)
     n_device = np.bincount(track_id[device_like], minlength=n_tracks)
     n_host = np.bincount(track_id[host_like], minlength=n_tracks)
     attr_by_key = {a.key: a for a in attrs}
-    first_device_row = {}
-    for row in np.flatnonzero(device_like).tolist()[::-1]:
-        first_device_row[int(track_id[row])] = row
+    device_rows = np.flatnonzero(device_like)
+    device_tracks, first = np.unique(track_id[device_rows], return_index=True)
+    first_device_row = dict(zip(device_tracks.tolist(), device_rows[first].tolist()))
 
     def attr_value(key: str, row: int):
         a = attr_by_key.get(key)
@@ -439,7 +439,16 @@ def track_infos_from(
 
 
 def previous_greater_equal(values: np.ndarray) -> np.ndarray:
-    """For each i, the largest j < i with values[j] >= values[i], or -1 (vectorised).
+    """For each i, the largest j < i with values[j] >= values[i], or -1: the monotonic
+    stack in C where the scanner module is built, else _previous_greater_equal_lifting."""
+    if _kineto_scan is not None and values.dtype == np.int64:
+        done = _kineto_scan.previous_greater_equal(np.ascontiguousarray(values))
+        return np.frombuffer(done, dtype=np.int64)
+    return _previous_greater_equal_lifting(values)
+
+
+def _previous_greater_equal_lifting(values: np.ndarray) -> np.ndarray:
+    """previous_greater_equal in numpy, for where the C module is not built.
 
     Binary lifting over block maxima: level k holds the maximum of the 2^k values ending at
     each position (a prefix maximum near the start), and every i jumps left over whole blocks

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from tessera_tb.importers.kineto_decode import decode
 from tessera_tb.importers.kineto_span import StringTable, build_span
@@ -137,8 +138,16 @@ def test_kernel_belongs_to_the_step_of_its_launch_even_when_it_runs_later():
     assert s1.string_values(s1.events["name_id"])[launch] == "cudaLaunchKernel"
 
 
-def test_previous_greater_equal_matches_the_monotonic_stack():
-    from tessera_tb.importers.kineto_span import previous_greater_equal
+@pytest.mark.parametrize("form", ["c", "numpy"])
+def test_previous_greater_equal_matches_the_monotonic_stack(form):
+    from tessera_tb.importers import kineto_span
+
+    if form == "c":
+        if kineto_span._kineto_scan is None:
+            pytest.skip("the C scanner module is not built")
+        previous_greater_equal = kineto_span.previous_greater_equal
+    else:
+        previous_greater_equal = kineto_span._previous_greater_equal_lifting
 
     def stack_answer(values):
         out, stack = [], []
@@ -155,6 +164,9 @@ def test_previous_greater_equal_matches_the_monotonic_stack():
         for high in (3, 10**9):
             values = rng.integers(0, high, n)
             assert previous_greater_equal(values).tolist() == stack_answer(values.tolist())
+    # ends in nanoseconds since the epoch, negative ones, and the int64 extremes
+    values = np.array([2**62, -5, 2**62, np.iinfo(np.int64).min, np.iinfo(np.int64).max, -5])
+    assert previous_greater_equal(values).tolist() == stack_answer(values.tolist())
 
 
 def test_used_string_ids_are_the_same_marked_or_sorted():
