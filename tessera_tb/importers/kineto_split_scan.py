@@ -22,6 +22,7 @@ import queue
 import re
 import threading
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -224,8 +225,8 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
     key_sids: list[int] = []
     key_index: dict[int, int] = {}
     renumber = {"a": _Renumber(), "b": _Renumber()}
-    events = args = 0
-    key_count = np.zeros(0, dtype=np.int64)
+    events = 0
+    batch_keys = []  # per batch: its arguments' merged key numbers, and their counts
     for who, batch in batches:
         r = renumber[who]
         r.string_ids = np.append(r.string_ids, _numbered(batch["strings"], index, strings))
@@ -233,39 +234,46 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         new_keys = r.string_ids[sid_of_key[r.key_ids.size :]].tolist()
         r.key_ids = np.append(r.key_ids, _numbered(new_keys, key_index, key_sids))
         keys = r.key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
-        counts = np.bincount(keys, minlength=len(key_sids))  # keys only grow in number
-        counts[: key_count.size] += key_count
-        key_count = counts
+        batch_keys.append((keys, np.bincount(keys, minlength=len(key_sids))))
         events += int(batch["n"])
-        args += keys.size
-    n_keys = len(key_sids)  # as many as key_count: the last bincount was made with them all
+    n_keys = len(key_sids)
+    key_count = np.zeros(n_keys, dtype=np.int64)
+    for _, counts in batch_keys:
+        key_count[: counts.size] += counts
     key_start = np.zeros(n_keys + 1, dtype=np.int64)
     key_start[1:] = np.cumsum(key_count)
 
     # Pass 2: each batch's columns renumbered into place; arguments grouped by key, in
-    # event order within a key (batches come in text order).
+    # event order within a key (batches come in text order). Where each batch's rows and
+    # each key's arguments of it go is known from pass 1, so the batches are copied by two
+    # threads at once (numpy releases the GIL while it copies), each dropped once copied.
     out = {k: np.empty(events, dtype=_COLUMN_TYPES[k]) for k in _EVENT_COLUMNS}
-    arg_out = {k: np.empty(args, dtype=_COLUMN_TYPES[k]) for k in _ARG_COLUMNS}
+    arg_out = {k: np.empty(int(key_start[-1]), dtype=_COLUMN_TYPES[k]) for k in _ARG_COLUMNS}
+    jobs = []
     cursor = key_start[:-1].copy()
     first_event = 0
     for i, (who, batch) in enumerate(batches):
-        batches[i] = None  # dropped once copied
-        ids, key_ids = renumber[who].string_ids, renumber[who].key_ids
-        n = int(batch["n"])
-        rows = slice(first_event, first_event + n)
+        keys, counts = batch_keys[i]
+        counts = np.pad(counts, (0, n_keys - counts.size))
+        # The k-th of a key's arguments in this batch goes k places after its cursor.
+        jobs.append((i, who, first_event, keys, cursor - (np.cumsum(counts) - counts)))
+        cursor += counts
+        first_event += int(batch["n"])
+    del batch_keys
+
+    def copy(job) -> None:
+        i, who, first_event, keys, offset = job
+        (_, batch), batches[i] = batches[i], None  # dropped once copied
+        ids = renumber[who].string_ids
+        rows = slice(first_event, first_event + int(batch["n"]))
         for k in _EVENT_COLUMNS:
             column = np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k])
             out[k][rows] = ids[column] if k in _STRING_COLUMNS else column
         sid = out["id_sid"][rows]
         string_id = sid >= 0
         sid[string_id] = ids[sid[string_id]]
-        keys = key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
         by_key = np.argsort(keys.astype(np.uint16) if n_keys <= 1 << 16 else keys, kind="stable")
-        counts = np.bincount(keys, minlength=n_keys)
-        # The k-th of a key's arguments in this batch goes k places after its cursor.
-        offset = cursor - (np.cumsum(counts) - counts)
         at = offset[keys[by_key]] + np.arange(keys.size)
-        cursor += counts
         ev = np.frombuffer(batch["arg_ev"], dtype=np.int32)
         types = np.frombuffer(batch["arg_type"], dtype=np.uint8)
         values = np.frombuffer(batch["arg_val"], dtype=np.int64).copy()
@@ -274,8 +282,10 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         arg_out["arg_ev"][at] = ev[by_key] + np.int32(first_event - int(batch["first"]))
         arg_out["arg_type"][at] = types[by_key]
         arg_out["arg_val"][at] = values[by_key]
-        first_event += n
-        del batch
+
+    with ThreadPoolExecutor(2, thread_name_prefix="tessera-merge") as pool:
+        for _ in pool.map(copy, jobs):
+            pass
     top[:, 0] = renumber["a"].string_ids[top[:, 0]]
     return {
         "strings": strings,
