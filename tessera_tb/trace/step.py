@@ -233,7 +233,39 @@ def canonical_order(events: dict[str, np.ndarray]) -> np.ndarray:
     longer, external = -events["dur_ns"], events["external_id"]
     if _in_order(track, start, longer, external):
         return np.arange(track.size)  # what the stable sort gives rows already in order
-    return np.lexsort((external, longer, start, track))
+    packed = _packed_keys(track, start, events["dur_ns"], external)
+    if packed is None:
+        return np.lexsort((external, longer, start, track))
+    then, first = packed
+    # By (track, start) first: rows come in runs of it, which a stable sort takes in about
+    # one pass. Only rows tied on it are then sorted by the other two.
+    order = np.argsort(first, kind="stable")
+    ordered = first[order]
+    tie = ordered[1:] == ordered[:-1]
+    if tie.any():
+        tied = np.zeros(order.size, dtype=bool)
+        tied[1:] = tie
+        tied[:-1] |= tie
+        at = np.flatnonzero(tied)
+        rows = order[at]
+        order[at] = rows[np.lexsort((then[rows], ordered[at]))]
+    return order
+
+
+def _packed_keys(track, start, dur, external) -> tuple[np.ndarray, np.ndarray] | None:
+    """The four sort keys as two int64 keys that sort the same: (track, start) and (longer
+    first, External id), each pair's bits side by side; None where their ranges need more
+    than 62 bits. Half the passes of a lexsort over the four."""
+    bits = []
+    for key in (track, start, dur, external):
+        low, high = int(key.min()), int(key.max())
+        bits.append((low, high, (high - low).bit_length()))
+    (t_low, _, _), (s_low, _, s_bits), (_, d_high, d_bits), (e_low, _, e_bits) = bits
+    if bits[0][2] + s_bits > 62 or d_bits + e_bits > 62:
+        return None
+    first = ((track.astype(np.int64) - t_low) << s_bits) | (start - s_low)
+    then = ((d_high - dur) << e_bits) | (external - e_low)
+    return then, first
 
 
 def _in_order(*keys: np.ndarray) -> bool:

@@ -41,3 +41,35 @@ def test_one_row_out_of_order_is_sorted():
     ev["start_ns"] = np.array([5, 6, 6, 0], np.int64)
     ev["dur_ns"] = np.array([1, 1, 3, 1], np.int64)  # same start: the longer one first
     assert canonical_order(ev).tolist() == [0, 2, 1, 3]
+
+
+def test_packed_keys_sort_as_the_four_on_real_ranges_and_fall_back_beyond():
+    from tessera_tb.trace import step
+
+    rng = np.random.default_rng(11)
+    packed = fallback = 0
+    for case in range(400):
+        n = int(rng.integers(2, 3000))
+        ev = {
+            "track_id": rng.integers(0, 40, n).astype(np.int32),
+            # epoch ns over a few seconds, with ties on every key
+            "start_ns": 1_795_329_702_837_034_000 + rng.integers(0, 400, n) * 10_000_000,
+            "dur_ns": rng.integers(0, 20, n) * 997,
+            "external_id": 400_000 + rng.integers(0, 30, n) * 13,
+        }
+        if case % 4 == 1:  # negative starts and durations, External ids of any sign
+            ev["start_ns"] = rng.integers(-200, 200, n) * 10**9
+            ev["dur_ns"] = -ev["dur_ns"]
+            ev["external_id"] = -ev["external_id"]
+        if case % 4 == 2:  # ranges too wide to pack: the four keys are sorted as they are
+            ev["start_ns"] = rng.integers(-(2**62), 2**62, n)
+        if case % 4 == 3:
+            ev["external_id"] = rng.integers(-(2**62), 2**62, n)
+        keys = step._packed_keys(ev["track_id"], ev["start_ns"], ev["dur_ns"], ev["external_id"])
+        if keys is None:
+            fallback += 1
+        else:
+            packed += 1
+            assert np.array_equal(np.lexsort(keys), _lexsort(ev)), case
+        assert np.array_equal(canonical_order(ev), _lexsort(ev)), case
+    assert packed >= 150 and fallback >= 150
