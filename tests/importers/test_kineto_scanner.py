@@ -136,6 +136,31 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
     assert json.loads(strings[got["o"][1]]) == {"k": [1, 2]}
 
 
+def test_scanner_finds_every_string_end_wherever_it_falls():
+    """A quote, an escape, a control character or a multi-byte character at every place of
+    strings around the 16 bytes the scanner tests at once: names as json reads them, and
+    a raw control character declined."""
+    from tessera_tb.importers import _kineto_scan
+
+    names = []
+    for length in range(0, 40):
+        for at in range(length + 1):
+            plain = "abcdefghijklmnopqrstuvwxyz0123456789ABCD"[:length]
+            names += [plain[:at] + mark + plain[at:] for mark in ('"', "\\", "\n", "\u00e9", "/")]
+    text = json.dumps([{"ph": "X", "name": n, "args": {"s": n}} for n in names]).encode()
+    for tail in (b"", b" " * 7):  # the text's end at another place of the last 16 bytes
+        out = _kineto_scan.scan_events(text + tail)
+        strings = out["strings"]
+        got = [strings[i] for i in np.frombuffer(out["name"], np.int32)]
+        assert got == names
+        assert [strings[i] for i in np.frombuffer(out["arg_val"], np.int64)] == names
+    for length in range(0, 34):
+        for at in range(length + 1):
+            bad = b'[{"ph": "X", "name": "' + b"a" * at + b"\x01" + b"b" * (length - at) + b'"}]'
+            with pytest.raises(_kineto_scan.Unsupported):
+                _kineto_scan.scan_events(bad)
+
+
 @pytest.mark.parametrize(
     "text",
     [
