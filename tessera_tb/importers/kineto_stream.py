@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from tessera_tb.importers import _kineto_scan, kineto_decode
+from tessera_tb.importers import kineto_decode
 from tessera_tb.importers.kineto_columns import (
     _FLOW_PHASES,
     _PROMOTED,
@@ -520,7 +520,7 @@ class StreamedFile:
                 self._first.add(batch)
                 self._report(reader.size)
             return self._finish_meta(reader.meta, reader.size)
-        scanner = _kineto_scan.Scanner()
+        scanner = kineto_decode._kineto_scan.Scanner()
         taken_strings = 0
         size = 0
         first = self._first
@@ -540,7 +540,7 @@ class StreamedFile:
                     take()
             take()
             rest = scanner.finish()
-        except _kineto_scan.Unsupported as exc:
+        except kineto_decode._kineto_scan.Unsupported as exc:
             raise StreamUnsupported(str(exc)) from None
         if len(rest["ph"]):
             # The last events came out of finish(): take them from its grouped columns.
