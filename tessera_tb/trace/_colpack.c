@@ -65,49 +65,25 @@ static int grow(unsigned char **p, size_t *cap, size_t need) {
     return 0;
 }
 
-/* Differences from the previous value, the first from 0, wrapping like numpy's subtract. */
+/* Differences from the previous value, the first from 0, wrapping like numpy's subtract:
+ * unsigned arithmetic of the values' width (memcpy: the values need not be aligned). */
+#define DIFFERENCES(type)                                  \
+    do {                                                   \
+        type prev = 0, v, d;                               \
+        for (Py_ssize_t i = 0; i < n; i++) {               \
+            memcpy(&v, src + sizeof(type) * i, sizeof v);  \
+            d = (type)(v - prev);                          \
+            memcpy(dst + sizeof(type) * i, &d, sizeof d);  \
+            prev = v;                                      \
+        }                                                  \
+    } while (0)
+
 static void differences(const unsigned char *src, unsigned char *dst, Py_ssize_t n, int width) {
-    if (n <= 0) return;
     switch (width) {
-    case 1: {
-        uint8_t prev = 0;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint8_t v = src[i];
-            dst[i] = (uint8_t)(v - prev);
-            prev = v;
-        }
-        break;
-    }
-    case 2: {
-        uint16_t prev = 0, v, d;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            memcpy(&v, src + 2 * i, 2);
-            d = (uint16_t)(v - prev);
-            memcpy(dst + 2 * i, &d, 2);
-            prev = v;
-        }
-        break;
-    }
-    case 4: {
-        uint32_t prev = 0, v, d;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            memcpy(&v, src + 4 * i, 4);
-            d = v - prev;
-            memcpy(dst + 4 * i, &d, 4);
-            prev = v;
-        }
-        break;
-    }
-    default: {
-        uint64_t prev = 0, v, d;
-        for (Py_ssize_t i = 0; i < n; i++) {
-            memcpy(&v, src + 8 * i, 8);
-            d = v - prev;
-            memcpy(dst + 8 * i, &d, 8);
-            prev = v;
-        }
-        break;
-    }
+    case 1: DIFFERENCES(uint8_t); break;
+    case 2: DIFFERENCES(uint16_t); break;
+    case 4: DIFFERENCES(uint32_t); break;
+    default: DIFFERENCES(uint64_t); break;
     }
 }
 
