@@ -26,8 +26,8 @@ if [ ! -x /usr/bin/chromium ]; then
 fi
 # Browser tests fail, rather than skip, when chromium is missing.
 export TESSERA_REQUIRE_BROWSER=1
-# The importer's C scanner is built by the install above (gcc and Python's headers); its
-# tests fail, rather than skip, when it is missing.
+# The importer's C scanner and column packer are built by the install above (gcc and
+# Python's headers); their tests fail, rather than skip, when they are missing.
 export TESSERA_REQUIRE_SCANNER=1
 
 step "ruff"

@@ -74,11 +74,22 @@ def needs_scanner() -> list:
     error instead where TESSERA_REQUIRE_SCANNER=1 (CI builds it)."""
     from tessera_tb.importers import kineto_decode
 
-    if kineto_decode._kineto_scan is not None:
+    return _needs_c_module(kineto_decode._kineto_scan, "the C scanner (_kineto_scan)")
+
+
+def needs_colpack() -> list:
+    """needs_scanner for the C column packer (trace/_colpack.c), built beside it."""
+    from tessera_tb.trace import columns
+
+    return _needs_c_module(columns._colpack, "the C column packer (_colpack)")
+
+
+def _needs_c_module(module, what: str) -> list:
+    if module is not None:
         return []
     if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
-        raise RuntimeError("the C scanner (_kineto_scan) is not built: is a C compiler there?")
-    return [pytest.mark.skip(reason="the C scanner is not built (no C compiler)")]
+        raise RuntimeError(f"{what} is not built: is a C compiler there?")
+    return [pytest.mark.skip(reason=f"{what} is not built (no C compiler)")]
 
 
 def assert_same_files(got: dict[str, bytes], want: dict[str, bytes]) -> None:

@@ -7,25 +7,14 @@ columns that compress to nothing and columns that zlib cannot shrink.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import columns, writer
-from tests.conftest import shared_trace_files, trace_id
+from tests.conftest import needs_colpack, shared_trace_files, trace_id
 
-
-def _require_packer() -> list:
-    if columns._colpack is not None:
-        return []
-    if os.environ.get("TESSERA_REQUIRE_SCANNER") == "1":
-        raise RuntimeError("the C column packer (_colpack) is not built: zlib's headers missing?")
-    return [pytest.mark.skip(reason="the C column packer is not built")]
-
-
-pytestmark = _require_packer()
+pytestmark = needs_colpack()
 
 RNG = np.random.default_rng(11)
 PROBE_ABOVE = columns._DELTA_PROBE_BLOCKS * columns._DELTA_PROBE_VALUES * 2
