@@ -117,6 +117,7 @@ def scan_split(
     a = _Side(scanner_module, "tessera-scan-a")
     b = _Side(scanner_module, "tessera-scan-b")
     order: list[str] = []  # which side each batch came from, in text order
+    b_runs = 0  # B's runs cut so far (the number of the open one)
     size = a_bytes = b_bytes = 0
     run: list[memoryview] | None = None  # the text of B's open run
     last = None if text_bytes is None else text_bytes - TAIL_BYTES
@@ -137,8 +138,8 @@ def scan_split(
                     a.put("cut", None)
                     order.append("a")
                     run = [view[m.end() :]]
-                    b.put("feed", b"," if "b" in order else b"[", order.count("b"))
-                    b.put("feed", run[0], order.count("b"))
+                    b.put("feed", b"," if b_runs else b"[", b_runs)
+                    b.put("feed", run[0], b_runs)
                     a_bytes += m.end()
                     b_bytes += len(piece) - m.end()
             else:
@@ -149,12 +150,13 @@ def scan_split(
                     or (last is not None and start + m.start() > last)
                 ):
                     run.append(view)
-                    b.put("feed", view, order.count("b"))
+                    b.put("feed", view, b_runs)
                     b_bytes += len(piece)
                 else:
-                    b.put("feed", view[: m.start()], order.count("b"))
-                    b.put("cut", order.count("b"))
+                    b.put("feed", view[: m.start()], b_runs)
+                    b.put("cut", b_runs)
                     order.append("b")
+                    b_runs += 1
                     a.put("feed", view[m.end() :], None)
                     b_bytes += m.start()
                     a_bytes += len(piece) - m.end()
@@ -165,7 +167,7 @@ def scan_split(
                 break
         else:
             if run is not None:  # the text ends in B's run: A reads it, B's reading is dropped
-                b.dropped_run = order.count("b")
+                b.dropped_run = b_runs
                 for v in run:
                     a.put("feed", v, None)
             a.put("finish", None)
@@ -175,9 +177,9 @@ def scan_split(
     for side in (a, b):
         if side.error is not None:
             raise side.error
-    if a.declined or a.rest is None or "b" not in order:
+    if a.declined or a.rest is None or not b_runs:
         return None
-    if b.declined and len(b.batches) < order.count("b"):
+    if b.declined and len(b.batches) < b_runs:
         return None  # B could not read one of its runs
     return _merged(order, a, b), size
 
