@@ -111,15 +111,32 @@ import_traces([sys.argv[1]], sys.argv[2], "r", overwrite=True, jobs=1)
 FSDP = os.path.join(SHARED_TRACES, "pytorch", "fsdp_gpt_4rank")
 
 
+def _wait_for_staging(logdir, proc, timeout: float = 60.0) -> bool:
+    """Wait until `proc`'s staging directory shows in `logdir`; False if it ended first."""
+    mark = f"-{proc.pid}-"
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if any(mark in n for n in _hidden(logdir)):
+            return True
+        time.sleep(0.001)
+    return False
+
+
 def test_sigkill_at_random_points_keeps_the_old_run_and_the_next_import_cleans_up(tmp_path):
     import_traces([GPT], str(tmp_path), "r")
     before = file_contents(tmp_path / "r")
     rng = random.Random(15)
     killed, left = 0, 0
-    for _ in range(8):
+    for i in range(8):
         proc = subprocess.Popen([sys.executable, "-c", _IMPORT, FSDP, str(tmp_path)])
-        # Anywhere from the interpreter's start-up to the end of the import (~1 s in all).
-        time.sleep(rng.uniform(0.3, 1.1))
+        if i % 2 == 0:
+            # Anywhere from the interpreter's start-up to the end of the import (~1 s in all).
+            time.sleep(rng.uniform(0.05, 1.1))
+        elif _wait_for_staging(tmp_path, proc):
+            # While the run is being written: at once the first time, then anywhere in the
+            # ~0.4 s that the staging directory lives. A wall-clock guess alone missed it on
+            # a machine faster or slower than expected.
+            time.sleep(0.0 if i == 1 else rng.uniform(0.0, 0.4))
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             killed += 1
