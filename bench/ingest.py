@@ -215,6 +215,26 @@ def _child_json(path: str, workdir: str) -> dict:
     }
 
 
+def _child_floor(path: str, workdir: str) -> dict:
+    """What reading the text costs before anything is built from it, on one core: the
+    inflate the importer uses (kineto_decode.iter_text), then that inflate and the C
+    scanner's pass (one scanner, in this thread; no columns, steps or files made)."""
+    t0 = time.perf_counter()
+    from tessera_tb.importers import kineto_decode
+
+    import_s = time.perf_counter() - t0
+    if not kineto_decode.scanner_available():
+        return {"wall_s": None, "gunzip_s": None, "import_s": import_s}
+    t0 = time.perf_counter()
+    for _ in kineto_decode.iter_text(path):
+        pass
+    gunzip_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    scan, _ = kineto_decode._scan(kineto_decode.iter_text(path))
+    wall = time.perf_counter() - t0
+    return {"wall_s": wall, "gunzip_s": gunzip_s, "import_s": import_s, "scanned": scan is not None}
+
+
 def _child_cprofile(path: str, workdir: str) -> dict:
     import cProfile
     import io
@@ -235,6 +255,7 @@ _CHILDREN = {
     "tessera": _child_tessera,
     "hta": _child_hta,
     "json": _child_json,
+    "floor": _child_floor,
     "cprofile": _child_cprofile,
 }
 
@@ -376,8 +397,8 @@ def measure(inp: Input, tools: list[str], repeat: int) -> None:
         if tool in inp.errors or not results:
             continue
         med = dict(results[0])
-        for key in ("wall_s", "peak_rss_mb", "import_s", "base_rss_mb", "gc_s"):
-            if key in med:
+        for key in ("wall_s", "peak_rss_mb", "import_s", "base_rss_mb", "gc_s", "gunzip_s"):
+            if key in med and med[key] is not None:
                 med[key] = statistics.median(r[key] for r in results)
         inp.results[tool] = med
 
@@ -553,9 +574,32 @@ def print_streaming_goals(inputs: list[Input]) -> None:
             print(
                 f"  {X10_LABEL}, HTA s / Tessera s: {_goal(speed, GOAL_X10_SPEEDUP, True, '.1f')}"
             )
+            if h:
+                most = h["wall_s"] / GOAL_X10_SPEEDUP
+                print(f"    the goal is an import of at most {most:.3f} s")
+            print_floor(inp)
         if inp.label == X50_LABEL:
             rate = t["json_bytes"] / 1e6 / t["wall_s"] if t else None
             print(f"  {X50_LABEL}, MB/s of JSON: {_goal(rate, GOAL_X50_MB_S, True, '.0f')}")
+            if t:
+                print(
+                    f"    the goal is an import of at most "
+                    f"{t['json_bytes'] / 1e6 / GOAL_X50_MB_S:.3f} s"
+                )
+            print_floor(inp)
+
+
+def print_floor(inp: Input) -> None:
+    """The reading floor of an input (the floor child) beside its import time."""
+    f, t = inp.results.get("floor"), inp.results.get("tessera")
+    if not f or f["wall_s"] is None or not t:
+        return
+    cpus = os.cpu_count() or 1
+    print(
+        f"    reading floor, one core: inflate {f['gunzip_s']:.3f} s, inflate + C scanner "
+        f"{f['wall_s']:.3f} s; split over {cpus} cores at best {f['wall_s'] / cpus:.3f} s "
+        f"(the import: {t['wall_s']:.3f} s, columns, steps and files included)"
+    )
 
 
 def print_notes(inputs: list[Input], repeat: int) -> None:
@@ -670,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
         big = os.path.getsize(inp.path) > 100e6  # gzipped: the 5 GB copy
         # json.load and HTA hold the whole text and every event as objects: tens of GB.
         used = ["tessera"] if big else tools
+        if inp.label in (X10_LABEL, X50_LABEL):
+            used = [*used, "floor"]
         measure(inp, used, args.repeat)
         print(" " + " ".join(used), flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs\n")
