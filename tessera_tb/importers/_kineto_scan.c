@@ -1299,14 +1299,22 @@ static int copy_column(PyObject *dict, const char *key, const Buf *b) {
     return rc;
 }
 
-static PyObject *Scanner_take(ScannerObject *self, PyObject *arg) {
+static PyObject *Scanner_take(ScannerObject *self, PyObject *args) {
     if (!scanner_usable(self)) return NULL;
-    Py_ssize_t strings_from = PyLong_AsSsize_t(arg);
-    if (strings_from == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t strings_from;
+    int grouped = 0;
+    if (!PyArg_ParseTuple(args, "n|p", &strings_from, &grouped)) return NULL;
     Scan *s = &self->st->s;
     if (strings_from < 0 || strings_from > s->strs.count) {
         PyErr_SetString(PyExc_ValueError, "strings_from out of range");
         return NULL;
+    }
+    if (grouped) {
+        int failed;
+        Py_BEGIN_ALLOW_THREADS
+        failed = group_args(s);
+        Py_END_ALLOW_THREADS
+        if (failed) return PyErr_NoMemory();
     }
     int64_t count = (int64_t)(s->ph.len / sizeof(int32_t));
     PyObject *result = PyDict_New();
@@ -1350,10 +1358,15 @@ static PyObject *Scanner_take(ScannerObject *self, PyObject *arg) {
                 {"arg_ev", &s->arg_ev}, {"arg_key", &s->arg_key}, {"arg_type", &s->arg_type},
                 {"arg_val", &s->arg_val}};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
+        if (grouped && cols[i].buf == &s->arg_key) continue; /* emptied by the grouping */
         if (put_column(result, cols[i].key, cols[i].buf)) {
             Py_DECREF(result);
             return NULL;
         }
+    }
+    if (grouped && put_column(result, "arg_key_start", &s->key_start)) {
+        Py_DECREF(result);
+        return NULL;
     }
     if (copy_column(result, "arg_key_sid", &s->key_sids)) {
         Py_DECREF(result);
@@ -1373,14 +1386,16 @@ static PyMethodDef scanner_methods[] = {
      "units; returns the bytes kept for the next chunk (a cut event or member)."},
     {"events_read", (PyCFunction)Scanner_events_read, METH_NOARGS,
      "events_read() -> int: the events read so far, taken or not."},
-    {"take", (PyCFunction)Scanner_take, METH_O,
-     "take(strings_from) -> dict: the events read so far and not taken yet, as columns, "
-     "handed over (the scanner keeps its string table and argument keys): first (index of "
-     "the first event), n, strings (the string table from id strings_from on), ph, cat, "
-     "name, pid, tid, ts, dur, id_val, id_sid, and one row per argument in event order: "
+    {"take", (PyCFunction)Scanner_take, METH_VARARGS,
+     "take(strings_from, grouped=False) -> dict: the events read so far and not taken yet, "
+     "as columns, handed over (the scanner keeps its string table and argument keys): first "
+     "(index of the first event), n, strings (the string table from id strings_from on), ph, "
+     "cat, name, pid, tid, ts, dur, id_val, id_sid, and one row per argument in event order: "
      "arg_ev (event index in the whole trace), arg_key (the key's number, an index into "
-     "arg_key_sid, every key so far), arg_type, arg_val. finish() then returns only what "
-     "came after the last take."},
+     "arg_key_sid, every key so far), arg_type, arg_val. grouped: the arguments grouped by "
+     "key instead, in event order within a key, as finish() gives them: arg_key_start "
+     "(where each key's rows start, one more than the keys so far) in place of arg_key. "
+     "finish() then returns only what came after the last take."},
     {"finish", (PyCFunction)Scanner_finish, METH_NOARGS,
      "finish() -> dict: the columns, as scan_events returns them, but `top` ranges index "
      "`top_text` (the other top-level values, back to back) and events_range counts bytes of "

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
-from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS, _ungrouped
+from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS
 
 # A run for B starts once A is this far ahead (in bytes of text).
 RUN_BYTES = 1 << 20
@@ -81,7 +81,7 @@ class _Side:
                 if self._kept:
                     self.declined = True  # the boundary is inside an event
                     return
-                batch = self.scanner.take(self.taken_strings)
+                batch = self.scanner.take(self.taken_strings, True)  # arguments by key
                 self.taken_strings += len(batch["strings"])
                 self.batches.append(batch)
             else:  # finish
@@ -224,9 +224,21 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
     taken = {"a": iter(a.batches), "b": iter(b.batches)}
     for who in order:
         batches.append((who, next(taken[who])))
-    # What came after A's last take, from finish(): in take()'s shape.
+    # What came after A's last take, from finish(): in take()'s grouped shape.
     a_taken = sum(int(x["n"]) for x in a.batches)
-    batches.append(("a", _ungrouped(a.rest, a_taken, a.taken_strings)))
+    rest = a.rest
+    batches.append(
+        (
+            "a",
+            {
+                **rest,
+                "first": a_taken,
+                "n": len(rest["ph"]) // 4,  # finish()'s n counts every event read
+                "strings": rest["strings"][a.taken_strings :],
+            },
+        )
+    )
+    del rest
     top = np.frombuffer(a.rest["top"], dtype=np.int64).reshape(-1, 3).copy()
     top_text = a.rest["top_text"]
     a.batches.clear()
@@ -247,8 +259,11 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         sid_of_key = np.frombuffer(batch["arg_key_sid"], dtype=np.int32)
         new_keys = r.string_ids[sid_of_key[r.key_ids.size :]].tolist()
         r.key_ids = np.append(r.key_ids, _numbered(new_keys, key_index, key_sids))
-        keys = r.key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
-        batch_counts.append(np.bincount(keys, minlength=len(key_sids)))
+        # The batch's arguments come grouped by the side's key numbers (take(..., True)).
+        per_key = np.diff(np.frombuffer(batch["arg_key_start"], dtype=np.int64))
+        counts = np.zeros(len(key_sids), dtype=np.int64)
+        counts[r.key_ids[: per_key.size]] = per_key
+        batch_counts.append(counts)
         events += int(batch["n"])
     n_keys = len(key_sids)
     key_count = np.zeros(n_keys, dtype=np.int64)
@@ -258,28 +273,28 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
     key_start[1:] = np.cumsum(key_count)
 
     # Pass 2: each batch's columns renumbered into place; arguments grouped by key, in
-    # event order within a key (batches come in text order). Where each batch's rows and
-    # each key's arguments of it go is known from pass 1, so the batches are copied by two
-    # threads at once (numpy releases the GIL while it copies), each dropped once copied.
+    # event order within a key (batches come in text order, each grouped by its scanner).
+    # Where each batch's rows and each key's arguments of it go is known from pass 1, so
+    # the batches are copied by two threads at once (numpy releases the GIL while it
+    # copies), each dropped once copied.
     out = {k: np.empty(events, dtype=_COLUMN_TYPES[k]) for k in _EVENT_COLUMNS}
     arg_out = {k: np.empty(int(key_start[-1]), dtype=_COLUMN_TYPES[k]) for k in _ARG_COLUMNS}
     jobs = []
     cursor = key_start[:-1].copy()
     first_event = 0
     for i, (who, batch) in enumerate(batches):
-        counts = np.pad(batch_counts[i], (0, n_keys - batch_counts[i].size))
-        # The k-th of a key's arguments in this batch goes k places after its cursor.
-        jobs.append((i, who, first_event, cursor - (np.cumsum(counts) - counts)))
-        cursor += counts
+        # A key's arguments in this batch go from its cursor on.
+        jobs.append((i, who, first_event, cursor.copy()))
+        cursor[: batch_counts[i].size] += batch_counts[i]
         first_event += int(batch["n"])
     del batch_counts
 
     def copy(job) -> None:
-        i, who, first_event, offset = job
+        i, who, first_event, dest = job
         (_, batch), batches[i] = batches[i], None  # dropped once copied
         ids = renumber[who].string_ids
         # (a side's key numbers only grow, so its last ones number every batch's keys)
-        keys = renumber[who].key_ids[np.frombuffer(batch["arg_key"], dtype=np.int32)]
+        key_ids = renumber[who].key_ids
         rows = slice(first_event, first_event + int(batch["n"]))
         for k in _EVENT_COLUMNS:
             column = np.frombuffer(batch[k], dtype=_COLUMN_TYPES[k])
@@ -287,16 +302,19 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         sid = out["id_sid"][rows]
         string_id = sid >= 0
         sid[string_id] = ids[sid[string_id]]
-        by_key = np.argsort(keys.astype(np.uint16) if n_keys <= 1 << 16 else keys, kind="stable")
-        at = offset[keys[by_key]] + np.arange(keys.size)
+        starts = np.frombuffer(batch["arg_key_start"], dtype=np.int64)
         ev = np.frombuffer(batch["arg_ev"], dtype=np.int32)
         types = np.frombuffer(batch["arg_type"], dtype=np.uint8)
         values = np.frombuffer(batch["arg_val"], dtype=np.int64).copy()
         is_string = _STRING_ARGS[types]
         values[is_string] = ids[values[is_string]]
-        arg_out["arg_ev"][at] = ev[by_key] + np.int32(first_event - int(batch["first"]))
-        arg_out["arg_type"][at] = types[by_key]
-        arg_out["arg_val"][at] = values[by_key]
+        shift = np.int32(first_event - int(batch["first"]))
+        for k in np.flatnonzero(np.diff(starts)).tolist():
+            a, b = int(starts[k]), int(starts[k + 1])
+            at = slice(int(dest[key_ids[k]]), int(dest[key_ids[k]]) + b - a)
+            np.add(ev[a:b], shift, out=arg_out["arg_ev"][at])
+            arg_out["arg_type"][at] = types[a:b]
+            arg_out["arg_val"][at] = values[a:b]
 
     with ThreadPoolExecutor(2, thread_name_prefix="tessera-merge") as pool:
         for _ in pool.map(copy, jobs):

@@ -30,6 +30,7 @@ pytestmark = needs_scanner()
 DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
 STACK = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
 SCAN = kineto_decode._kineto_scan
+SCAN_EVENT_COLUMNS = ("ph", "cat", "name", "pid", "tid", "ts", "dur", "id_val", "id_sid")
 
 
 def _text(path: str) -> bytes:
@@ -188,3 +189,34 @@ def test_a_truncated_gzip_fails_naming_the_file_and_leaves_no_thread(tmp_path, s
     assert str(path) in str(err.value)
     assert split_small == ["raised"]  # met while the two scanners were reading
     assert threading.active_count() == threads
+
+
+def test_a_grouped_take_holds_the_ungrouped_takes_arguments_by_key():
+    """take(n, True) gives what take(n) gives, its arguments grouped by key (event order kept
+    within a key), arg_key_start in place of arg_key: checked batch by batch on a real trace,
+    two scanners fed the same pieces."""
+    (path,) = [p for p in shared_trace_files() if p.startswith(STACK + os.sep)]
+    text = _text(path)
+    plain, grouped = SCAN.Scanner(), SCAN.Scanner()
+    batches = 0
+    # Pieces that end between two events, where a take is allowed.
+    cuts = [0]
+    while (m := kineto_split_scan._BOUNDARY.search(text, cuts[-1] + 200_000)) is not None:
+        cuts.append(m.end())
+    for a, b in zip(cuts, cuts[1:]):
+        assert plain.feed(text[a:b]) == grouped.feed(text[a:b]) == 0
+        want, got = plain.take(0), grouped.take(0, True)
+        assert "arg_key" not in got and "arg_key" in want
+        for key in ("first", "n", "strings", "arg_key_sid", *SCAN_EVENT_COLUMNS):
+            assert got[key] == want[key], key
+        keys = np.frombuffer(want["arg_key"], dtype=np.int32)
+        order = np.argsort(keys, kind="stable")
+        for key, dtype in (("arg_ev", np.int32), ("arg_type", np.uint8), ("arg_val", np.int64)):
+            np.testing.assert_array_equal(
+                np.frombuffer(got[key], dtype=dtype), np.frombuffer(want[key], dtype=dtype)[order]
+            )
+        n_keys = len(want["arg_key_sid"]) // 4
+        starts = np.frombuffer(got["arg_key_start"], dtype=np.int64)
+        assert starts.tolist() == [0, *np.cumsum(np.bincount(keys, minlength=n_keys)).tolist()]
+        batches += bool(keys.size)
+    assert batches >= 3
