@@ -226,18 +226,13 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         batches.append((who, next(taken[who])))
     # What came after A's last take, from finish(): in take()'s grouped shape.
     a_taken = sum(int(x["n"]) for x in a.batches)
-    rest = a.rest
-    batches.append(
-        (
-            "a",
-            {
-                **rest,
-                "first": a_taken,
-                "n": len(rest["ph"]) // 4,  # finish()'s n counts every event read
-                "strings": rest["strings"][a.taken_strings :],
-            },
-        )
-    )
+    rest = {
+        **a.rest,
+        "first": a_taken,
+        "n": len(a.rest["ph"]) // 4,  # finish()'s n counts every event read
+        "strings": a.rest["strings"][a.taken_strings :],
+    }
+    batches.append(("a", rest))
     del rest
     top = np.frombuffer(a.rest["top"], dtype=np.int64).reshape(-1, 3).copy()
     top_text = a.rest["top_text"]
@@ -311,7 +306,8 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         shift = np.int32(first_event - int(batch["first"]))
         for k in np.flatnonzero(np.diff(starts)).tolist():
             a, b = int(starts[k]), int(starts[k + 1])
-            at = slice(int(dest[key_ids[k]]), int(dest[key_ids[k]]) + b - a)
+            to = int(dest[key_ids[k]])
+            at = slice(to, to + b - a)
             np.add(ev[a:b], shift, out=arg_out["arg_ev"][at])
             arg_out["arg_type"][at] = types[a:b]
             arg_out["arg_val"][at] = values[a:b]

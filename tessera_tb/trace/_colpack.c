@@ -1,9 +1,9 @@
 /* Pack a step's columns in C: difference coding, byte planes and zlib, the GIL released.
  *
- * columns.encode_many does, per column, what columns._pack_py does with numpy and the zlib
- * module: the values' differences (or not), their bytes split into planes (the first byte
- * of every value, then the second, ...), then zlib at the given level when that makes the
- * column smaller. Where difference coding is left to choose, both forms are packed and the
+ * columns.encode_many does, per column, what columns._pack_column does with numpy and the
+ * zlib module: the values' differences (or not), their bytes split into planes (the first
+ * byte of every value, then the second, ...), then zlib at the given level when that makes
+ * the column smaller. Where difference coding is left to choose, both forms are packed and the
  * smaller kept; a long column chooses on a few probe blocks instead (columns._delta_pays).
  * The bytes are the Python path's, byte for byte (the same zlib, deflateInit2 with the
  * zlib module's parameters; tests/trace/test_colpack.py compares them on real steps).
