@@ -106,15 +106,9 @@ def test_shared_trace_steps_are_the_same_files(path, monkeypatch):
     """Every step of every shared trace, encoded as the importer does, is the same bytes."""
     from tessera_tb.importers import kineto_decode
     from tessera_tb.importers.kineto_columns import StringTable
-    from tessera_tb.importers.kineto_scanned import scanned_span_columns
-    from tessera_tb.importers.kineto_span import span_of_columns
+    from tessera_tb.importers.kineto_span import stream_span
 
-    trace = kineto_decode.read_trace(path)
-    if trace.scan is None:
-        pytest.skip("read without the scanner")
-    strings = StringTable()
-    cols = scanned_span_columns(trace.release_scan(), path, strings, 0)
-    steps = list(span_of_columns(cols, path, strings, 0, 0).steps)
+    steps = list(stream_span(kineto_decode.read_trace(path), StringTable(), 0, 0).steps)
     assert steps
     encode_many = columns.encode_many
     files = {}
