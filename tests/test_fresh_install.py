@@ -33,6 +33,7 @@ def test_fresh_install_has_isal_and_runs_without_plotly(tmp_path):
     )
     declared = reqs.stdout.split("\n")
     assert any(r.startswith("isal") for r in declared), declared
+    assert any(r.startswith("zstandard") for r in declared), declared
     lean = [r for r in declared if r.strip() and not r.startswith("plotly")]
     out = _run(*pip, *lean)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -259,12 +259,12 @@ def _read_span(path, strings, span_index, run_dir, progress, worker):
 class StepWriterThread:
     """Writes each step put, in order, while the caller makes the next: `encode(step)` runs
     in `encoders` threads at once and `write(step, data)` in one more, in put order.
-    Encoding spends most of its time in zlib, which releases the GIL, so on two cores the
-    steps are compressed side by side while the next is cut. At most `depth` steps wait
-    beyond those being encoded. An error of an encode or a write is raised by the next
-    `put` or on leaving the `with` block; leaving it on an error of the caller's stops the
-    threads without writing what still waits. Each step's bytes depend on that step alone,
-    so the files are the same for any number of encoders."""
+    Encoding spends most of its time in C (column layout, Zstandard), which releases the GIL,
+    so on two cores the steps are compressed side by side while the next is cut. At most
+    `depth` steps wait beyond those being encoded. An error of an encode or a write is
+    raised by the next `put` or on leaving the `with` block; leaving it on an error of the
+    caller's stops the threads without writing what still waits. Each step's bytes depend
+    on that step alone, so the files are the same for any number of encoders."""
 
     def __init__(
         self,
@@ -322,7 +322,7 @@ class StepWriterThread:
 
 def encoder_threads() -> int:
     """Threads that encode one worker's steps at once: two where there are two CPUs or
-    more (zlib runs beside the cutting of the next step), else one."""
+    more (compression runs beside the cutting of the next step), else one."""
     return 2 if (os.cpu_count() or 1) >= 2 else 1
 
 

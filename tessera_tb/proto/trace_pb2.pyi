@@ -20,6 +20,7 @@ class Codec(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CODEC_NONE: _ClassVar[Codec]
     CODEC_ZLIB: _ClassVar[Codec]
+    CODEC_ZSTD: _ClassVar[Codec]
 
 class EventKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -64,6 +65,7 @@ FLOAT64: DType
 UINT8: DType
 CODEC_NONE: Codec
 CODEC_ZLIB: Codec
+CODEC_ZSTD: Codec
 KIND_OTHER: EventKind
 CPU_OP: EventKind
 PYTHON: EventKind

@@ -1,23 +1,23 @@
-/* Pack a step's columns in C: difference coding, byte planes and zlib, the GIL released.
+/* Lay out a step's columns in C: difference coding and byte planes, the GIL released.
  *
- * columns.encode_many does, per column, what columns._pack_column does with numpy and the
- * zlib module: the values' differences (or not), their bytes split into planes (the first
- * byte of every value, then the second, ...), then zlib at the given level when that makes
- * the column smaller. Where difference coding is left to choose, both forms are packed and the
- * smaller kept; a long column chooses on a few probe blocks instead (columns._delta_pays).
- * The bytes are the Python path's, byte for byte (the same zlib, deflateInit2 with the
- * zlib module's parameters; tests/trace/test_colpack.py compares them on real steps).
+ * columns.encode_many hands a step's columns here in one call; what comes back is what
+ * columns._layout makes with numpy, byte for byte: each column's values split into byte
+ * planes (the first byte of every value, then the second, ...), their differences laid out
+ * the same way where they may be stored, and, for a long column that chooses between the
+ * two, both forms of a few probe blocks. Python then compresses them with Zstandard (which
+ * releases the GIL too) and keeps the smaller form (columns._finish).
  *
- * In Python every column costs a dozen numpy and zlib calls, each taking the GIL back; an
- * importer encodes steps in several threads, which then queue for the GIL between calls.
- * Here a whole step's columns are packed in one call that holds the GIL only to read the
- * arguments and make the result.
+ * In Python every column costs several numpy calls, each taking the GIL back; an importer
+ * encodes steps in several threads, which then queue for the GIL between calls. Here the
+ * result's bytes objects are made first, then filled with the GIL released.
  *
- * pack_columns(jobs, level, min_bytes, probe_values) -> list
+ * layout_columns(jobs, min_bytes, probe_values) -> list
  *   jobs: list of (array, mode[, starts]): a C-contiguous little-endian buffer of 1, 2, 4 or
  *   8-byte values; mode 0 plain, 1 differences, 2 choose (integers only); starts, for a long
  *   column that chooses: the first value of each probe block of probe_values values.
- *   Returns one (delta, shuffle, compressed, data) tuple per job.
+ *   Returns one (shuffle, plain, diffs, probes) tuple per job: plain and diffs the laid-out
+ *   bytes of the values and of their differences (None where that form is not wanted),
+ *   probes None or a tuple of (plain, diffs) pairs, one per probe block.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,7 +25,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 enum { MODE_PLAIN = 0, MODE_DELTA = 1, MODE_CHOOSE = 2 };
 #define MAX_PROBES 64
@@ -38,32 +37,10 @@ typedef struct {
     int mode;
     Py_ssize_t starts[MAX_PROBES]; /* probe blocks' first values, for a long column's choice */
     Py_ssize_t n_starts;
-    /* result */
-    int delta, shuffle, compressed;
-    unsigned char *data; /* malloc'd, or NULL when the result is the input's bytes */
-    size_t len;
+    /* result: bytes objects made with the GIL, filled without it */
+    PyObject *plain, *diffs;
+    PyObject *probes[MAX_PROBES][2];
 } Job;
-
-typedef struct {
-    z_stream z;
-    int ready;
-    int level;
-    size_t min_bytes;
-    /* scratch, grown as needed */
-    unsigned char *diff, *planes, *zout;
-    size_t diff_cap, planes_cap, zout_cap;
-} Packer;
-
-static int grow(unsigned char **p, size_t *cap, size_t need) {
-    if (need <= *cap) return 0;
-    size_t c = *cap ? *cap : 4096;
-    while (c < need) c *= 2;
-    unsigned char *q = realloc(*p, c);
-    if (!q) return -1;
-    *p = q;
-    *cap = c;
-    return 0;
-}
 
 /* Differences from the previous value, the first from 0, wrapping like numpy's subtract:
  * unsigned arithmetic of the values' width (memcpy: the values need not be aligned). */
@@ -87,8 +64,12 @@ static void differences(const unsigned char *src, unsigned char *dst, Py_ssize_t
     }
 }
 
-/* Byte planes: plane b holds byte b of every value. */
+/* Byte planes: plane b holds byte b of every value; one value (or 1-byte values) as is. */
 static void split_planes(const unsigned char *src, unsigned char *dst, Py_ssize_t n, int width) {
+    if (width == 1 || n < 2) {
+        memcpy(dst, src, (size_t)n * (size_t)width);
+        return;
+    }
     if (width == 8) {
         for (Py_ssize_t i = 0; i < n; i++) {
             const unsigned char *v = src + 8 * i;
@@ -107,128 +88,66 @@ static void split_planes(const unsigned char *src, unsigned char *dst, Py_ssize_
         for (int b = 0; b < width; b++) dst[(Py_ssize_t)b * n + i] = src[i * width + b];
 }
 
-/* zlib into p->zout; returns its length, 0 when zlib does not make `len` bytes smaller
- * (or they are too few to try), -1 on error. */
-static long deflate_into(Packer *p, const unsigned char *src, size_t len) {
-    if (len < p->min_bytes) return 0;
-    if (len > 0xFFFFFFF0u) return -1; /* one deflate call takes at most 4 GB */
-    if (!p->ready) {
-        memset(&p->z, 0, sizeof p->z);
-        /* The zlib module's compress(): wbits 15, memLevel 8, the default strategy. */
-        if (deflateInit2(&p->z, p->level, Z_DEFLATED, MAX_WBITS, 8, Z_DEFAULT_STRATEGY) != Z_OK)
-            return -1;
-        p->ready = 1;
-    } else if (deflateReset(&p->z) != Z_OK) {
-        return -1;
+static unsigned char *bytes_of(PyObject *b) { return (unsigned char *)PyBytes_AS_STRING(b); }
+
+/* The planes of n values at src into out; of their differences too where diffs is given
+ * (scratch: n values' room). */
+static void lay_out(const unsigned char *src, Py_ssize_t n, int w, PyObject *plain,
+                    PyObject *diffs, unsigned char *scratch) {
+    if (plain) split_planes(src, bytes_of(plain), n, w);
+    if (diffs) {
+        differences(src, scratch, n, w);
+        split_planes(scratch, bytes_of(diffs), n, w);
     }
-    size_t bound = deflateBound(&p->z, (uLong)len);
-    if (grow(&p->zout, &p->zout_cap, bound)) return -1;
-    p->z.next_in = (Bytef *)src;
-    p->z.avail_in = (uInt)len;
-    p->z.next_out = p->zout;
-    p->z.avail_out = (uInt)bound;
-    if (deflate(&p->z, Z_FINISH) != Z_STREAM_END) return -1;
-    size_t out = p->z.total_out;
-    return out < len ? (long)out : 0;
 }
 
-/* Pack n values at src: planes, then zlib. On return *data points at the packed bytes (a
- * scratch buffer of p, or src itself), valid until the next call. */
-static int pack(Packer *p, const unsigned char *src, Py_ssize_t n, int width, int *shuffle,
-                int *compressed, const unsigned char **data, size_t *len) {
-    size_t nbytes = (size_t)n * (size_t)width;
-    const unsigned char *bytes = src;
-    *shuffle = width > 1 && n > 1;
-    if (*shuffle) {
-        if (grow(&p->planes, &p->planes_cap, nbytes)) return -1;
-        split_planes(src, p->planes, n, width);
-        bytes = p->planes;
+static int run_job(Job *j, Py_ssize_t probe_values, unsigned char **scratch, size_t *cap) {
+    size_t need = (size_t)j->n * (size_t)j->width;
+    if (j->n_starts && (size_t)probe_values * (size_t)j->width > need)
+        need = (size_t)probe_values * (size_t)j->width;
+    if (j->diffs && need > *cap) {
+        unsigned char *q = realloc(*scratch, need);
+        if (!q) return -1;
+        *scratch = q;
+        *cap = need;
     }
-    long z = deflate_into(p, bytes, nbytes);
-    if (z < 0) return -1;
-    *compressed = z > 0;
-    *data = z > 0 ? p->zout : bytes;
-    *len = z > 0 ? (size_t)z : nbytes;
-    return 0;
-}
-
-static size_t packed_len(Packer *p, const unsigned char *src, Py_ssize_t n, int width, int *err) {
-    int s, c;
-    const unsigned char *d;
-    size_t len = 0;
-    if (pack(p, src, n, width, &s, &c, &d, &len)) *err = 1;
-    return len;
-}
-
-static int keep(Job *j, const unsigned char *data, size_t len) {
-    j->data = malloc(len ? len : 1);
-    if (!j->data) return -1;
-    memcpy(j->data, data, len);
-    j->len = len;
-    return 0;
-}
-
-static int run_job(Packer *p, Job *j, Py_ssize_t probe_values) {
     const unsigned char *src = j->view.buf;
-    Py_ssize_t n = j->n;
-    int w = j->width;
-    size_t nbytes = (size_t)n * (size_t)w;
-    int delta = j->mode == MODE_DELTA && n > 0;
-    int err = 0;
+    for (Py_ssize_t b = 0; b < j->n_starts; b++)
+        lay_out(src + (size_t)j->starts[b] * j->width, probe_values, j->width, j->probes[b][0],
+                j->probes[b][1], *scratch);
+    lay_out(src, j->n, j->width, j->plain, j->diffs, *scratch);
+    return 0;
+}
 
-    if (j->mode == MODE_CHOOSE && n > 2 && nbytes >= p->min_bytes) {
-        if (grow(&p->diff, &p->diff_cap, nbytes)) return -1;
-        if (j->n_starts) {
-            /* columns._delta_pays: blocks of probe_values at the starts given */
-            size_t plain = 0, diffs = 0;
-            for (Py_ssize_t b = 0; b < j->n_starts; b++) {
-                const unsigned char *block = src + (size_t)j->starts[b] * w;
-                plain += packed_len(p, block, probe_values, w, &err);
-                differences(block, p->diff, probe_values, w);
-                diffs += packed_len(p, p->diff, probe_values, w, &err);
+static PyObject *new_bytes(Py_ssize_t n) { return PyBytes_FromStringAndSize(NULL, n); }
+
+static PyObject *job_result(Job *j) {
+    int shuffle = j->width > 1 && j->n > 1;
+    PyObject *probes = Py_None;
+    Py_INCREF(Py_None);
+    if (j->n_starts) {
+        Py_DECREF(Py_None);
+        probes = PyTuple_New(j->n_starts);
+        if (!probes) return NULL;
+        for (Py_ssize_t b = 0; b < j->n_starts; b++) {
+            PyObject *pair = PyTuple_Pack(2, j->probes[b][0], j->probes[b][1]);
+            if (!pair) {
+                Py_DECREF(probes);
+                return NULL;
             }
-            if (err) return -1;
-            delta = diffs < plain;
-        } else {
-            /* Both forms whole, the smaller kept (the plain one on a tie). */
-            int ps, pc, ds, dc;
-            const unsigned char *d;
-            size_t plain_len, diff_len;
-            if (pack(p, src, n, w, &ps, &pc, &d, &plain_len) || keep(j, d, plain_len)) return -1;
-            differences(src, p->diff, n, w);
-            if (pack(p, p->diff, n, w, &ds, &dc, &d, &diff_len)) return -1;
-            if (diff_len < plain_len) {
-                free(j->data);
-                j->data = NULL;
-                j->delta = 1;
-                j->shuffle = ds;
-                j->compressed = dc;
-                return keep(j, d, diff_len);
-            }
-            j->delta = 0;
-            j->shuffle = ps;
-            j->compressed = pc;
-            return 0;
+            PyTuple_SET_ITEM(probes, b, pair);
         }
     }
-    const unsigned char *values = src;
-    if (delta) {
-        if (grow(&p->diff, &p->diff_cap, nbytes)) return -1;
-        differences(src, p->diff, n, w);
-        values = p->diff;
-    }
-    const unsigned char *d;
-    size_t len;
-    if (pack(p, values, n, w, &j->shuffle, &j->compressed, &d, &len)) return -1;
-    j->delta = delta;
-    return keep(j, d, len);
+    PyObject *t = Py_BuildValue("(OOON)", shuffle ? Py_True : Py_False,
+                                j->plain ? j->plain : Py_None, j->diffs ? j->diffs : Py_None,
+                                probes);
+    return t;
 }
 
-static PyObject *pack_columns(PyObject *self, PyObject *args) {
+static PyObject *layout_columns(PyObject *self, PyObject *args) {
     PyObject *jobs_obj;
-    int level;
     Py_ssize_t min_bytes, probe_values;
-    if (!PyArg_ParseTuple(args, "O!inn", &PyList_Type, &jobs_obj, &level, &min_bytes, &probe_values))
+    if (!PyArg_ParseTuple(args, "O!nn", &PyList_Type, &jobs_obj, &min_bytes, &probe_values))
         return NULL;
     if (min_bytes < 0 || probe_values < 1) {
         PyErr_SetString(PyExc_ValueError, "min_bytes and probe_values must be positive");
@@ -238,9 +157,8 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
     Job *jobs = calloc(count ? count : 1, sizeof(Job));
     if (!jobs) return PyErr_NoMemory();
     PyObject *result = NULL;
-    Packer p = {0};
-    p.level = level;
-    p.min_bytes = (size_t)min_bytes;
+    unsigned char *scratch = NULL;
+    size_t scratch_cap = 0;
 
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *item = PyList_GET_ITEM(jobs_obj, i);
@@ -262,7 +180,13 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
             PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
             goto done;
         }
-        if (starts != Py_None) {
+        j->width = w;
+        j->n = j->view.len / w;
+        j->mode = mode;
+        /* columns._layout: which forms are wanted */
+        int choose = mode == MODE_CHOOSE && j->n > 2 && j->view.len >= min_bytes;
+        int delta_only = mode == MODE_DELTA && j->n > 0;
+        if (choose && starts != Py_None) {
             if (!PyTuple_Check(starts) || PyTuple_GET_SIZE(starts) > MAX_PROBES) {
                 PyErr_Format(PyExc_TypeError, "probe starts: a tuple of at most %d ints", MAX_PROBES);
                 goto done;
@@ -271,36 +195,33 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
             for (Py_ssize_t b = 0; b < j->n_starts; b++) {
                 Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(starts, b));
                 if (s == -1 && PyErr_Occurred()) goto done;
-                if (s < 0 || s + probe_values > j->view.len / w) {
+                if (s < 0 || s + probe_values > j->n) {
                     PyErr_Format(PyExc_ValueError, "probe block at %zd is outside the column", s);
                     goto done;
                 }
                 j->starts[b] = s;
+                if (!(j->probes[b][0] = new_bytes(probe_values * w))) goto done;
+                if (!(j->probes[b][1] = new_bytes(probe_values * w))) goto done;
             }
         }
-        j->width = w;
-        j->n = j->view.len / w;
-        j->mode = mode;
+        if (!delta_only && !(j->plain = new_bytes(j->view.len))) goto done;
+        if ((delta_only || choose) && !(j->diffs = new_bytes(j->view.len))) goto done;
     }
 
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < count && !failed; i++)
-        failed = run_job(&p, &jobs[i], probe_values) != 0;
+        failed = run_job(&jobs[i], probe_values, &scratch, &scratch_cap) != 0;
     Py_END_ALLOW_THREADS
     if (failed) {
-        PyErr_SetString(PyExc_MemoryError, "packing columns: out of memory or a zlib error");
+        PyErr_NoMemory();
         goto done;
     }
 
     result = PyList_New(count);
     if (!result) goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
-        Job *j = &jobs[i];
-        PyObject *t = Py_BuildValue("(OOOy#)", j->delta ? Py_True : Py_False,
-                                    j->shuffle ? Py_True : Py_False,
-                                    j->compressed ? Py_True : Py_False, (const char *)j->data,
-                                    (Py_ssize_t)j->len);
+        PyObject *t = job_result(&jobs[i]);
         if (!t) {
             Py_CLEAR(result);
             goto done;
@@ -310,34 +231,36 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
 
 done:
     for (Py_ssize_t i = 0; i < count; i++) {
-        if (jobs[i].held) PyBuffer_Release(&jobs[i].view);
-        free(jobs[i].data);
+        Job *j = &jobs[i];
+        if (j->held) PyBuffer_Release(&j->view);
+        Py_XDECREF(j->plain);
+        Py_XDECREF(j->diffs);
+        for (Py_ssize_t b = 0; b < MAX_PROBES; b++) {
+            Py_XDECREF(j->probes[b][0]);
+            Py_XDECREF(j->probes[b][1]);
+        }
     }
     free(jobs);
-    if (p.ready) deflateEnd(&p.z);
-    free(p.diff);
-    free(p.planes);
-    free(p.zout);
+    free(scratch);
     return result;
 }
 
 static PyMethodDef methods[] = {
-    {"pack_columns", pack_columns, METH_VARARGS,
-     "pack_columns(jobs, level, min_bytes, probe_values) -> "
-     "[(delta, shuffle, compressed, data)]"},
+    {"layout_columns", layout_columns, METH_VARARGS,
+     "layout_columns(jobs, min_bytes, probe_values) -> [(shuffle, plain, diffs, probes)]"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_colpack", "A step's columns packed in C (trace/columns.py).", -1,
+    PyModuleDef_HEAD_INIT, "_colpack", "A step's columns laid out in C (trace/columns.py).", -1,
     methods,
 };
 
 PyMODINIT_FUNC PyInit__colpack(void) {
     const uint16_t one = 1;
     if (*(const unsigned char *)&one != 1) {
-        /* Columns are little-endian; columns.py packs them itself on other machines. */
-        PyErr_SetString(PyExc_ImportError, "_colpack packs on little-endian machines only");
+        /* Columns are little-endian; columns.py lays them out itself on other machines. */
+        PyErr_SetString(PyExc_ImportError, "_colpack lays out on little-endian machines only");
         return NULL;
     }
     return PyModule_Create(&module);

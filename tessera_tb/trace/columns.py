@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import threading
 import zlib
 
 import msgspec
 import numpy as np
+import zstandard
 
 from tessera_tb.proto import trace_pb2 as pb
 
 try:
-    # ISA-L's deflate: the same zlib streams, made about 4x and read about 2x faster than
-    # zlib's own (bench/ingest.py). Any zlib reads what it writes, and it what zlib writes.
+    # ISA-L's inflate: about 2x faster than zlib's (bench/ingest.py), for gzip traces and the
+    # zlib columns of schema 1.x runs. Any zlib reads what it writes, and it what zlib writes.
     from isal import isal_zlib as deflate_module
 except ImportError:  # a platform without isal's wheels: zlib, slower, same format
     deflate_module = zlib
 DEFLATE_ERRORS = (zlib.error, deflate_module.error)
 
 try:
-    # The C packer (setup.py builds it where a C compiler and zlib's headers are at hand).
+    # The C packer (setup.py builds it where a C compiler is at hand).
     from tessera_tb.trace import _colpack
 except ImportError:
     _colpack = None
@@ -33,9 +35,12 @@ _DTYPES = {
 _CODES = {dt: code for code, dt in _DTYPES.items()}
 _LITTLE = {dt.name: dt for dt in _DTYPES.values()}  # "int32" -> little-endian int32
 
-# zlib level 1 compresses the shuffled columns nearly as well as level 6 at a
-# fraction of the time (bench/ingest.py prints bytes per event).
-_ZLIB_LEVEL = 1
+# Zstandard's level 3 (its default) is as fast as its level 1 on columns this small and
+# 8% smaller (bench/ingest.py prints bytes per event).
+_ZSTD_LEVEL = 3
+_THREAD = threading.local()
+# A string table or column that says it inflates to more is refused as corrupt.
+_MAX_INFLATED = 1 << 30
 _STRINGS = msgspec.json.Decoder(list[str])
 _MIN_COMPRESS_BYTES = 64
 # Long integer columns choose difference coding or not on this many blocks of values.
@@ -59,8 +64,8 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
 
 def encode_many(jobs, *, packer=None) -> None:
     """encode() for several columns at once: (values, dtype, delta, out) each. A step's
-    columns go through here together: the C packer (_colpack, where it was built) packs
-    them all in one call with the GIL released, so steps encoded in several threads do not
+    columns go through here together: the C packer (_colpack, where it was built) lays them
+    all out in one call with the GIL released, so steps encoded in several threads do not
     queue for it column by column. `packer`: "c" or "python" to force one (tests); the
     bytes are the same."""
     prepared = []
@@ -73,37 +78,93 @@ def encode_many(jobs, *, packer=None) -> None:
         prepared.append((arr, mode, out))
     use_c = _colpack is not None if packer is None else packer == "c"
     if use_c:
-        packed = _colpack.pack_columns(
+        layouts = _colpack.layout_columns(
             [(arr, mode, _probe_starts(arr, mode)) for arr, mode, _ in prepared],
-            _ZLIB_LEVEL,
             _MIN_COMPRESS_BYTES,
             _DELTA_PROBE_VALUES,
         )
     else:
-        packed = [_pack_column(arr, mode) for arr, mode, _ in prepared]
-    for (arr, _, out), (delta, shuffle, compressed, data) in zip(prepared, packed):
+        layouts = [_layout(arr, mode) for arr, mode, _ in prepared]
+    for (arr, _, out), (delta, shuffle, codec, data) in zip(prepared, _pack_all(layouts)):
         out.dtype = _CODES[arr.dtype]
         out.count = arr.size
         out.delta = delta
         out.shuffle = shuffle
-        out.codec = pb.CODEC_ZLIB if compressed else pb.CODEC_NONE
+        out.codec = codec
         out.data = data
 
 
-def _pack_column(arr: np.ndarray, mode: int) -> tuple[bool, bool, bool, bytes]:
-    """(delta, shuffle, compressed, bytes) of one column, in numpy and the zlib module:
-    what _colpack.c does in C."""
-    if mode == _CHOOSE and arr.size > 2 and arr.nbytes >= _MIN_COMPRESS_BYTES:
-        # (fewer bytes are stored uncompressed either way: both forms the same size)
-        starts = _probe_starts(arr, mode)
-        if starts is not None:
-            mode = _DELTA if _delta_pays(arr, starts) else _PLAIN
+def _layout(arr: np.ndarray, mode: int) -> tuple[bool, bytes | None, bytes | None, tuple | None]:
+    """(shuffle, plain, diffs, probes) of one column, in numpy: what _colpack.c does in C.
+
+    plain and diffs: the byte planes of the values and of their differences, None where that
+    form is not wanted. probes: for a long column that chooses, (plain, diffs) of a few
+    blocks spread over it (_probe_starts), else None."""
+    size = arr.size
+    choose = mode == _CHOOSE and size > 2 and arr.nbytes >= _MIN_COMPRESS_BYTES
+    delta_only = mode == _DELTA and size > 0
+    starts = _probe_starts(arr, mode) if choose else None
+    probes = None
+    if starts is not None:
+        blocks = [arr[s : s + _DELTA_PROBE_VALUES] for s in starts]
+        probes = tuple((_planes(b), _planes(_deltas(b))) for b in blocks)
+    plain = None if delta_only else _planes(arr)
+    diffs = _planes(_deltas(arr)) if delta_only or choose else None
+    return arr.dtype.itemsize > 1 and size > 1, plain, diffs, probes
+
+
+def _pack_all(layouts) -> list[tuple[bool, bool, int, bytes]]:
+    """(delta, shuffle, codec, bytes) of each laid-out column: each wanted form compressed
+    (_compress_many), and where both are there, the smaller kept (the plain one on a tie).
+    A long column chooses on its probe blocks, then only the chosen form is compressed:
+    compressing it whole both ways costs twice the time for the same choice."""
+    first = []
+    for _, plain, diffs, probes in layouts:
+        if probes is not None:
+            first += [form for pair in probes for form in pair]
         else:
-            plain = _pack(arr)
-            diffs = _pack(_deltas(arr))
-            return (True, *diffs) if len(diffs[2]) < len(plain[2]) else (False, *plain)
-    delta = mode == _DELTA and arr.size > 0
-    return (delta, *_pack(_deltas(arr) if delta else arr))
+            first += [form for form in (plain, diffs) if form is not None]
+    done = iter(_compress_many(first))
+    picks, chosen = [], []
+    for shuffle, plain, diffs, probes in layouts:
+        if probes is not None:
+            sizes = [len(next(done)[1]) for _ in range(2 * len(probes))]
+            delta = sum(sizes[1::2]) < sum(sizes[0::2])
+            chosen.append(diffs if delta else plain)
+            picks.append((delta, shuffle, None))
+            continue
+        as_is = next(done) if plain is not None else None
+        as_diffs = next(done) if diffs is not None else None
+        if as_diffs is not None and (as_is is None or len(as_diffs[1]) < len(as_is[1])):
+            picks.append((True, shuffle, as_diffs))
+        else:
+            picks.append((False, shuffle, as_is))
+    later = iter(_compress_many(chosen))
+    return [(d, s, *(packed if packed is not None else next(later))) for d, s, packed in picks]
+
+
+def _compress_many(forms: list[bytes]) -> list[tuple[int, bytes]]:
+    """_compress of each form. Where the zstandard build has its batch call, all of them in
+    one call that releases the GIL once: a step's columns compressed one call each
+    gave the GIL back and waited for it some 120 times, and steps encoded in two threads
+    beside the importer's own thread spent more time waiting than compressing. Both calls
+    write the same frames (tests/trace/test_colpack.py)."""
+    big = [form for form in forms if len(form) >= _MIN_COMPRESS_BYTES]
+    compressor = _compressor()
+    batch = getattr(compressor, "multi_compress_to_buffer", None)
+    if big and batch is not None:
+        packed = iter([segment.tobytes() for segment in batch(big)])
+    else:
+        packed = iter([compressor.compress(form) for form in big])
+    out = []
+    for form in forms:
+        if len(form) >= _MIN_COMPRESS_BYTES:
+            made = next(packed)
+            if len(made) < len(form):
+                out.append((pb.CODEC_ZSTD, made))
+                continue
+        out.append((pb.CODEC_NONE, form))
+    return out
 
 
 def _deltas(arr: np.ndarray) -> np.ndarray:
@@ -124,44 +185,57 @@ def _probe_starts(arr: np.ndarray, mode: int) -> tuple[int, ...] | None:
     return tuple(np.linspace(0, last, _DELTA_PROBE_BLOCKS).astype(np.int64).tolist())
 
 
-def _delta_pays(arr: np.ndarray, starts: tuple[int, ...]) -> bool:
-    """Whether difference coding compresses a long integer column smaller, judged on a few
-    blocks spread over it: compressing the whole column both ways costs twice the zlib time
-    for the same choice (bench/ingest.py, B/ev)."""
-    plain = diffs = 0
-    for s in starts:
-        block = arr[s : s + _DELTA_PROBE_VALUES]
-        plain += len(_pack(block)[2])
-        diffs += len(_pack(_deltas(block))[2])
-    return diffs < plain
-
-
-def _pack(arr: np.ndarray) -> tuple[bool, bool, bytes]:
-    """(shuffled, compressed, bytes) of an array: byte planes split, then zlib when it pays."""
-    width = arr.dtype.itemsize
+def _planes(arr: np.ndarray) -> bytes:
+    """The bytes of an array plane by plane (all first bytes, then all second bytes, ...);
+    one value, or values of one byte, as they are."""
     raw = arr.view(np.uint8)
-    shuffle = width > 1 and arr.size > 1
-    if shuffle:
-        raw = raw.reshape(-1, width).T
-    codec, data = _compress(raw.tobytes())
-    return shuffle, codec == pb.CODEC_ZLIB, data
+    if arr.dtype.itemsize > 1 and arr.size > 1:
+        raw = raw.reshape(-1, arr.dtype.itemsize).T
+    return raw.tobytes()
+
+
+def _compressor():
+    """This thread's Zstandard compressor (one may not be used by two threads at once)."""
+    made = getattr(_THREAD, "compressor", None)
+    if made is None:
+        made = _THREAD.compressor = zstandard.ZstdCompressor(
+            level=_ZSTD_LEVEL, write_checksum=False, write_content_size=True
+        )
+    return made
 
 
 def _compress(data: bytes) -> tuple[int, bytes]:
-    """(codec, bytes): zlib when the data is long enough and compression makes it smaller.
+    """(codec, bytes): one Zstandard frame when the data is long enough and compression makes
+    it smaller, else the data as is.
 
-    Written with the standard library's zlib, not ISA-L: the same run must come out byte for
-    byte the same from any import (threads, Dask workers, the streaming reader), and ISA-L's
-    deflate gave different (valid) streams for the same column in about one import of two
-    with a writer thread (3474 vs 3475 bytes). zlib costs ~0.1 s more per 100 MB of JSON."""
+    Zstandard, not zlib's deflate: at level 3 it is 3x faster than zlib's level 1 on the
+    columns of real steps and 19% smaller (docs/FORMAT.md). Its frames depend on the data
+    and the level alone, so one import always writes the same bytes, in any thread
+    (tests/trace/test_compress_repeatable.py); ISA-L's deflate did not."""
     if len(data) >= _MIN_COMPRESS_BYTES:
-        packed = zlib.compress(data, _ZLIB_LEVEL)
+        packed = _compressor().compress(data)
         if len(packed) < len(data):
-            return pb.CODEC_ZLIB, packed
+            return pb.CODEC_ZSTD, packed
     return pb.CODEC_NONE, data
 
 
-def _decompress(codec: int, data: bytes, what: str) -> bytes:
+def _decompress(codec: int, data: bytes, what: str, expected: int | None = None) -> bytes:
+    """The stored bytes of a column or string table. `expected`: the length they must have
+    (a column's count x itemsize); a Zstandard frame that says otherwise is refused before
+    anything is allocated, as is one over _MAX_INFLATED bytes."""
+    if codec == pb.CODEC_ZSTD:
+        try:
+            size = zstandard.frame_content_size(data)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"{what}: corrupt compressed data ({exc})") from None
+        if size < 0 or (expected is not None and size != expected) or size > _MAX_INFLATED:
+            held = "an unknown number of" if size < 0 else f"{size:,}"
+            want = f", {expected:,} expected" if expected is not None else ""
+            raise ValueError(f"{what}: corrupt compressed data ({held} bytes{want})")
+        try:
+            return _decompressor().decompress(data, allow_extra_data=False)
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"{what}: corrupt compressed data ({exc})") from None
     if codec == pb.CODEC_ZLIB:
         try:
             return deflate_module.decompress(data)
@@ -170,6 +244,13 @@ def _decompress(codec: int, data: bytes, what: str) -> bytes:
     if codec != pb.CODEC_NONE:
         raise ValueError(f"{what}: unknown codec {codec}")
     return data
+
+
+def _decompressor():
+    made = getattr(_THREAD, "decompressor", None)
+    if made is None:
+        made = _THREAD.decompressor = zstandard.ZstdDecompressor()
+    return made
 
 
 def encode_strings(strings: list[str], out: pb.StringTable) -> None:
@@ -199,8 +280,8 @@ def decode(col: pb.Column, *, path: str = "<memory>", what: str = "column") -> n
         if col.count == 0 and not col.data:
             return np.zeros(0, dtype=np.int64)
         raise ValueError(f"{what}: unknown dtype code {col.dtype}")
-    data = _decompress(col.codec, col.data, what)
     n = int(col.count)
+    data = _decompress(col.codec, col.data, what, n * dtype.itemsize)
     if len(data) != n * dtype.itemsize:
         raise ValueError(f"{what}: {len(data)} bytes for {n} values of {dtype.name}")
     raw = np.frombuffer(data, dtype=np.uint8)

@@ -98,7 +98,8 @@ def step_to_proto(step: StepData) -> pb.Step:
 
 def encode_step(step: StepData) -> bytes:
     """A step file's bytes (step_to_proto, serialised). It reads only the step, so an
-    importer encodes several steps at once in threads (zlib releases the GIL)."""
+    importer encodes several steps at once in threads (the column layout and compression
+    release the GIL)."""
     return step_to_proto(step).SerializeToString()
 
 

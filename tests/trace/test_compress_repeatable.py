@@ -4,9 +4,9 @@ different bytes (glibc's MALLOC_PERTURB_, its mmap threshold raised so that larg
 from the heap too): output that hung on thread timing or on memory left uninitialised would
 differ.
 
-This is why the columns are deflated with zlib and not ISA-L's deflate (3x faster): run as
-these tests run it, ISA-L gave a few columns of 60-100 bytes other (valid) streams, 33 bytes
-in one thread and 36 in another, in about one run of three."""
+The columns are compressed with Zstandard, whose frames pass this. ISA-L's deflate (also 3x
+faster than zlib's) did not: run as these tests run it, it gave a few columns of 60-100 bytes
+other (valid) streams, 33 bytes in one thread and 36 in another, in about one run of three."""
 
 from __future__ import annotations
 
