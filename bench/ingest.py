@@ -650,7 +650,7 @@ def print_notes(inputs: list[Input], repeat: int) -> None:
         "kev/s = thousand events per second."
     )
     print(
-        "Scaled copies repeat the same events, and Tessera's zlib-compressed columns find "
+        "Scaled copies repeat the same events, and Tessera's compressed columns find "
         "the repeats when a step holds several copies (the one-step input): its disk/gz "
         "is optimistic; the real traces' B/ev is the honest size measure."
     )

@@ -46,6 +46,9 @@ _MIN_COMPRESS_BYTES = 64
 # Long integer columns choose difference coding or not on this many blocks of values.
 _DELTA_PROBE_BLOCKS = 4
 _DELTA_PROBE_VALUES = 2048
+# Columns laid out and compressed in one round, at most about this many bytes of values (a
+# round holds up to twice that, both forms of the columns that choose, until it is packed).
+_BATCH_BYTES = 8 << 20
 
 
 # How a column's integers are stored: as they are, as differences, or whichever packs
@@ -65,9 +68,11 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
 def encode_many(jobs, *, packer=None) -> None:
     """encode() for several columns at once: (values, dtype, delta, out) each. A step's
     columns go through here together: the C packer (_colpack, where it was built) lays them
-    all out in one call with the GIL released, so steps encoded in several threads do not
-    queue for it column by column. `packer`: "c" or "python" to force one (tests); the
-    bytes are the same."""
+    all out in one call with the GIL released, then one call compresses them, so steps
+    encoded in several threads do not queue for the GIL column by column. Columns of more
+    than _BATCH_BYTES in all go in several such rounds, so that the forms laid out at once
+    stay bounded on a huge step. `packer`: "c" or "python" to force one (tests); the bytes
+    are the same."""
     prepared = []
     for values, dtype, delta, out in jobs:
         arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
@@ -77,6 +82,19 @@ def encode_many(jobs, *, packer=None) -> None:
         mode = _CHOOSE if delta is None and integer else _DELTA if delta else _PLAIN
         prepared.append((arr, mode, out))
     use_c = _colpack is not None if packer is None else packer == "c"
+    batch: list = []
+    held = 0
+    for item in prepared:
+        batch.append(item)
+        held += item[0].nbytes
+        if held >= _BATCH_BYTES:
+            _encode_batch(batch, use_c)
+            batch, held = [], 0
+    if batch:
+        _encode_batch(batch, use_c)
+
+
+def _encode_batch(prepared: list, use_c: bool) -> None:
     if use_c:
         layouts = _colpack.layout_columns(
             [(arr, mode, _probe_starts(arr, mode)) for arr, mode, _ in prepared],

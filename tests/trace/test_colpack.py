@@ -144,3 +144,21 @@ def test_one_compress_call_per_form_writes_the_batch_calls_frames(packer, monkey
     single = columns._compressor()
     monkeypatch.setattr(columns, "_compressor", lambda: _OneFrameAtATime(single))
     assert [writer.encode_step(step) for step in steps] == batched
+
+
+@pytest.mark.parametrize("packer", ["python", "c"])
+def test_columns_packed_in_small_rounds_are_the_same_bytes(packer, monkeypatch):
+    """A huge step's columns are laid out and compressed a few MB at a time
+    (columns._BATCH_BYTES): the rounds change nothing in the file."""
+    arrays = _arrays()
+    alone = []
+    for _, values, dtype in arrays:
+        col = pb.Column()
+        columns.encode_many([(values, dtype, None, col)], packer=packer)
+        alone.append(col.SerializeToString())
+    for limit in (1, 100_000):
+        monkeypatch.setattr(columns, "_BATCH_BYTES", limit)
+        together = [pb.Column() for _ in arrays]
+        jobs = [(v, d, None, col) for (_, v, d), col in zip(arrays, together)]
+        columns.encode_many(jobs, packer=packer)
+        assert [c.SerializeToString() for c in together] == alone, limit
