@@ -51,8 +51,8 @@ setup(
         # zlib (trace/columns.py falls back to zlib where it is missing).
         "isal>=1.6",
         # Zstandard for the step files' columns (schema 2.0): 3x faster to write than zlib's
-        # level 1 and 19% smaller on real steps, read 1.7x faster than ISA-L's inflate
-        # (docs/FORMAT.md, "Columns"). Deterministic: one import always writes the same bytes.
+        # level 1, the compressed columns 19% smaller and the step files 7-9% (docs/FORMAT.md,
+        # "Columns"). Deterministic: one import always writes the same bytes.
         "zstandard>=0.23",
     ],
     extras_require={

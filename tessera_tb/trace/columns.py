@@ -227,9 +227,9 @@ def _compress(data: bytes) -> tuple[int, bytes]:
     it smaller, else the data as is.
 
     Zstandard, not zlib's deflate: at level 3 it is 3x faster than zlib's level 1 on the
-    columns of real steps and 19% smaller (docs/FORMAT.md). Its frames depend on the data
-    and the level alone, so one import always writes the same bytes, in any thread
-    (tests/trace/test_compress_repeatable.py); ISA-L's deflate did not."""
+    columns of real steps, and they come out 19% smaller (docs/FORMAT.md). Its frames
+    depend on the data and the level alone, so one import always writes the same bytes, in
+    any thread (tests/trace/test_compress_repeatable.py); ISA-L's deflate did not."""
     if len(data) >= _MIN_COMPRESS_BYTES:
         packed = _compressor().compress(data)
         if len(packed) < len(data):
