@@ -376,8 +376,8 @@ def _member_data(
         yield prefix + layout.META_FILE, meta_bytes, zipfile.ZIP_DEFLATED
         for e in keep:
             name = layout.step_file_name(e.step)
-            # Step columns are zlib-compressed already: stored, they read without a second
-            # inflate.
+            # Step columns are compressed already (Zstandard; zlib in schema 1.x): stored,
+            # they read without a second inflate.
             yield prefix + name, files.read_bytes(os.path.join(wdir, name)), zipfile.ZIP_STORED
         counters = os.path.join(wdir, "kernel_counters.pb")
         if files.isfile(counters):
