@@ -235,6 +235,21 @@ def _child_floor(path: str, workdir: str) -> dict:
     return {"wall_s": wall, "gunzip_s": gunzip_s, "import_s": import_s, "scanned": scan is not None}
 
 
+def _child_scanpass(path: str, workdir: str) -> dict:
+    """The floor child's inflate and scanner pass, started at the wall-clock moment in
+    TESSERA_BENCH_START_AT (so that two of these children run it at the same time)."""
+    from tessera_tb.importers import kineto_decode
+
+    if not kineto_decode.scanner_available():
+        return {"wall_s": None}
+    start_at = float(os.environ.get("TESSERA_BENCH_START_AT", "0"))
+    time.sleep(max(0.0, start_at - time.time()))
+    late_s = max(0.0, time.time() - start_at)
+    t0 = time.perf_counter()
+    kineto_decode._scan(kineto_decode.iter_text(path))
+    return {"wall_s": time.perf_counter() - t0, "late_s": late_s}
+
+
 def _child_cprofile(path: str, workdir: str) -> dict:
     import cProfile
     import io
@@ -256,6 +271,7 @@ _CHILDREN = {
     "hta": _child_hta,
     "json": _child_json,
     "floor": _child_floor,
+    "scanpass": _child_scanpass,
     "cprofile": _child_cprofile,
 }
 
@@ -379,6 +395,50 @@ def run_child(tool: str, path: str) -> dict:
             return json.loads(line[len(RESULT_MARK) :])
     tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
     raise RuntimeError(f"exit {proc.returncode}: {tail[:200]}")
+
+
+def measure_cores(inp: Input, repeat: int) -> None:
+    """How much of a second CPU this machine gives right now: the floor's single-threaded
+    pass (inflate and C scanner) timed in one child alone, then in two children started at
+    the same moment. capacity = 2 x (alone) / (slower of the two at once): 2.0 where the
+    CPUs are two whole, idle cores, less where they share a core or other work takes one.
+    The goals print it beside the reading floor, and the floor divided by it: the floor on
+    the cores the machine gave, not on as many whole cores as it counts. Taken `repeat`
+    times (alone, then both), the medians kept."""
+    if (os.cpu_count() or 1) < 2:
+        return
+    alone, both = [], []
+    for _ in range(repeat):
+        for count in (1, 2):
+            env = dict(os.environ, TESSERA_BENCH_START_AT=f"{time.time() + 2.0:.6f}")
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, os.path.abspath(__file__), "--child", "scanpass", inp.path],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    cwd=OUT,
+                    env=env,
+                )
+                for _ in range(count)
+            ]
+            walls = []
+            for proc in procs:
+                out, err = proc.communicate()
+                line = next((x for x in out.splitlines() if x.startswith(RESULT_MARK)), None)
+                if line is None:
+                    inp.errors["cores"] = (err.strip().splitlines() or ["no result"])[-1][:200]
+                    return
+                result = json.loads(line[len(RESULT_MARK) :])
+                if result["wall_s"] is None or result["late_s"] > 0.05:
+                    return  # no scanner, or a child started late: no measure of both at once
+                walls.append(result["wall_s"])
+            (alone if count == 1 else both).append(max(walls))
+    inp.results["cores"] = {
+        "alone_s": statistics.median(alone),
+        "both_s": statistics.median(both),
+        "capacity": 2 * statistics.median(alone) / statistics.median(both),
+    }
 
 
 def measure(inp: Input, tools: list[str], repeat: int) -> None:
@@ -600,6 +660,13 @@ def print_floor(inp: Input) -> None:
         f"{f['wall_s']:.3f} s; split over {cpus} cores at best {f['wall_s'] / cpus:.3f} s "
         f"(the import: {t['wall_s']:.3f} s, columns, steps and files included)"
     )
+    cores = inp.results.get("cores")
+    if cores:
+        print(
+            f"    {cpus} CPUs at once gave {cores['capacity']:.2f}x one CPU's rate (that pass "
+            f"alone {cores['alone_s']:.3f} s, in two processes at once {cores['both_s']:.3f} s); "
+            f"split over that, the floor is {f['wall_s'] / cores['capacity']:.3f} s"
+        )
 
 
 def print_notes(inputs: list[Input], repeat: int) -> None:
@@ -717,6 +784,9 @@ def main(argv: list[str] | None = None) -> int:
         if inp.label in (X10_LABEL, X50_LABEL):
             used = [*used, "floor"]
         measure(inp, used, args.repeat)
+        if inp.label in (X10_LABEL, X50_LABEL):
+            measure_cores(inp, args.repeat)
+            used = [*used, "cores"]
         print(" " + " ".join(used), flush=True)
     print(f"measured in {time.perf_counter() - t0:.0f} s on {os.cpu_count()} CPUs\n")
     print_table(inputs)
