@@ -1208,7 +1208,12 @@ static void stream_free(Stream *st) {
 
 static int Scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds) {
     static char *kwlist[] = {"window", NULL};
-    Py_ssize_t window = 1 << 20;
+    /* Events within `window` of a chunk's end are found whole (value_end) before they are
+     * read: a second pass over those bytes. 64 KiB, not 1 MiB: with 8 MB chunks the
+     * scanner ran 5% fewer instructions over the 10x copy's text (callgrind), and an event
+     * longer than the window still reads right (read at once, undone when cut; the window
+     * then grows to 4x that event). */
+    Py_ssize_t window = 64 << 10;
     if (!PyArg_ParseTupleAndKeywords(args, kwds, "|n:Scanner", kwlist, &window)) return -1;
     if (window < 0) {
         PyErr_SetString(PyExc_ValueError, "window must be >= 0");
@@ -1406,7 +1411,7 @@ static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "_kineto_scan.Scanner",
     .tp_basicsize = sizeof(ScannerObject),
     .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "Scanner(window=1 MiB): scan_events over a trace given in chunks (feed, then "
+    .tp_doc = "Scanner(window=64 KiB): scan_events over a trace given in chunks (feed, then "
               "finish); the same columns as one call on the whole text, holding only the "
               "columns and the cut unit at the end of the last chunk. Events starting within "
               "`window` bytes of a chunk's end are checked whole before they are read; "
