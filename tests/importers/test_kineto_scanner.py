@@ -136,6 +136,47 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
     assert json.loads(strings[got["o"][1]]) == {"k": [1, 2]}
 
 
+def _number_texts() -> list[str]:
+    """Integers and decimals of 1 to 24 digits in each part (the scanner's mantissa holds 19
+    digits; past that it takes the value from the text), with signs, exponents and leading
+    zeros in the fraction."""
+    digits = "98765432109876543210987654321"
+    texts = []
+    for n in range(1, 25):
+        whole = digits[:n]
+        texts += [whole, "-" + whole, whole + "e3", "1" + "0" * (n - 1)]
+        for m in range(1, 25):
+            texts += [f"{whole}.{digits[-m:]}", f"-{whole}.{'0' * (m - 1)}7", f"0.{digits[:m]}"]
+    # 20-digit mantissas of 2**64 + 5: wrapped to 64 bits they would read as 5 (times a power
+    # of ten), a value the exact fast path takes.
+    wraps = ["18446744073709551621"[:k] + "." + "18446744073709551621"[k:] for k in range(1, 20)]
+    return texts + wraps + ["0", "-0", "0.5", "1e22", "1E-5", "123456789012345678901234567890"]
+
+
+def test_scanner_reads_numbers_of_every_length_as_json_does():
+    """Each number as an argument and as `ts`: the values json reads (an integer beyond 64
+    bits kept as its text). The last event's `ts` is the text's last number, two bytes from
+    its end."""
+    from tessera_tb.importers import _kineto_scan
+
+    texts = _number_texts()
+    text = "[" + ",".join(f'{{"ph":"X","args":{{"v":{t}}},"ts":{t}}}' for t in texts) + "]"
+    out = _kineto_scan.scan_events(text.encode())
+    ts = np.frombuffer(out["ts"], np.float64).tolist()
+    assert ts == [float(json.loads(t)) for t in texts]
+    types = np.frombuffer(out["arg_type"], np.uint8).tolist()
+    vals = np.frombuffer(out["arg_val"], np.int64)
+    for i, t in enumerate(texts):
+        value = json.loads(t)
+        if types[i] == 3:  # T_INT
+            assert vals[i] == value, t
+        elif types[i] == 4:  # T_FLOAT
+            assert vals[i : i + 1].view(np.float64)[0] == value, t
+        else:  # T_BIGINT: the text itself
+            assert types[i] == 7 and out["strings"][vals[i]] == t, t
+            assert isinstance(value, int) and not -(2**63) <= value < 2**63, t
+
+
 def test_scanner_finds_every_string_end_wherever_it_falls():
     """A quote, an escape, a control character or a multi-byte character at every place of
     strings around the 16 bytes the scanner tests at once: names as json reads them, and
