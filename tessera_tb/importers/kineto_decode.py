@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from tessera_tb.importers.arrays import distinct
 from tessera_tb.trace.columns import DEFLATE_ERRORS
 from tessera_tb.trace.columns import deflate_module as deflate
 from tessera_tb.trace.errors import TraceFormatError
@@ -120,7 +121,7 @@ class RawTrace:
         if self._released is not None:
             return self._released[1]
         if self.scan is not None:
-            cats = np.unique(np.frombuffer(self.scan["cat"], dtype=np.int32)[:count])
+            cats = distinct(np.frombuffer(self.scan["cat"], dtype=np.int32)[:count])
             return {self.scan["strings"][c] for c in cats.tolist()}
         for _, events in self.iter_chunks(size=count):
             return {e.cat for e in events}

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
+from tessera_tb.importers.arrays import distinct
 from tessera_tb.importers.kineto_columns import (
     _FLOW_PHASES,
     _PROMOTED,
@@ -52,7 +53,7 @@ class _Ids:
         mapped = self.lookup[ids]
         new = mapped < 0
         if new.any():
-            for i in np.unique(ids[new]).tolist():
+            for i in distinct(ids[new]).tolist():
                 self.lookup[i] = self.strings.intern(self.file_strings[i])
             mapped = self.lookup[ids]
         return mapped

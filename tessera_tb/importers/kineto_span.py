@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tessera_tb.importers.arrays import distinct
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace, _kineto_scan
 from tessera_tb.importers.kineto_scanned import scanned_span_columns
@@ -153,7 +154,7 @@ def span_of_columns(
     if coll_rows is not None:
         kind[coll_rows[kernel[coll_rows]]] = KIND["collective"]
     collective_name = np.zeros(len(strings.strings), dtype=bool)
-    for nid in np.unique(name_id[kernel]).tolist():
+    for nid in distinct(name_id[kernel]).tolist():
         collective_name[nid] = strings.strings[nid].startswith(_COLLECTIVE_PREFIXES)
     kind[kernel & collective_name[name_id]] = KIND["collective"]
 
@@ -192,7 +193,7 @@ def span_of_columns(
         rows = np.array([r for _, r in step_rows], dtype=np.int64)
         order = np.argsort(start_ns[rows], kind="stable")
         step_numbers, rows = step_numbers[order], rows[order]
-        if np.unique(step_numbers).size != step_numbers.size:
+        if distinct(step_numbers).size != step_numbers.size:
             raise TraceFormatError(path, "two ProfilerStep events carry the same step number")
         host_start = start_ns[rows]
         host_end = host_start + dur_ns[rows]
@@ -337,7 +338,7 @@ def _step_marker_rows(name_id, cat_id, strings: StringTable, is_x) -> list[tuple
         return []
     candidates = np.flatnonzero(is_step_cat[cat_id] & is_x)
     out = []
-    for nid in np.unique(name_id[candidates]).tolist():
+    for nid in distinct(name_id[candidates]).tolist():
         m = _STEP_NAME.match(strings.strings[nid])
         if m:
             for row in candidates[name_id[candidates] == nid].tolist():
@@ -545,7 +546,7 @@ def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent
     )
     f_track, f_ts = flows["track_id"], flows["ts_ns"]
     row = flows["row"]
-    for t in np.unique(f_track):
+    for t in distinct(f_track):
         lo, hi = np.searchsorted(s_track, [t, t + 1])
         sel = np.flatnonzero(f_track == t)
         if lo == hi:
@@ -569,7 +570,7 @@ def _used_ids(used: list[np.ndarray], in_use: np.ndarray) -> np.ndarray:
     `in_use` (all False, as it is left) where the table is not much larger than the ids."""
     count = sum(u.size for u in used)
     if in_use.size > 16 * count + 4096:
-        return np.unique(
+        return distinct(
             np.concatenate([np.zeros(1, np.int64)] + [u.astype(np.int64) for u in used])
         )
     in_use[0] = True

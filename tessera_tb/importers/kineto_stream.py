@@ -45,6 +45,7 @@ import msgspec
 import numpy as np
 
 from tessera_tb.importers import kineto_decode
+from tessera_tb.importers.arrays import distinct
 from tessera_tb.importers.kineto_columns import (
     _FLOW_PHASES,
     _PROMOTED,
@@ -323,7 +324,7 @@ class _FirstPass:
     def _note(self, c: dict[str, np.ndarray], first: int, n: int) -> None:
         path, text = self.path, self.text
         if first < 5000:
-            self.first_categories.update(text[i] for i in np.unique(c["cat"][: 5000 - first]))
+            self.first_categories.update(text[i] for i in distinct(c["cat"][: 5000 - first]))
         ph_class = self.phase_class[c["ph"]]
         rows = np.arange(first, first + n, dtype=np.int64)
         sl = np.flatnonzero(ph_class == 1)
@@ -349,15 +350,15 @@ class _FirstPass:
         keep = (ph_class[ev_local] == 1) if ev_local.size else np.zeros(0, bool)
         keep &= a_type != T_NULL
         if keep.any():
-            code = np.unique(a_key[keep].astype(np.int64) * 8 + a_type[keep])
+            code = distinct(a_key[keep].astype(np.int64) * 8 + a_type[keep])
             for k, t in zip((code // 8).tolist(), (code % 8).tolist()):
                 self.key_bits[k] |= 1 << t
             raw = keep & (a_type == T_RAW)
             if raw.any():
-                self.uses.raw.append(np.unique(a_val[raw]))
+                self.uses.raw.append(distinct(a_val[raw]))
             st = keep & (a_type == T_STR)
             if st.any():
-                self.uses.by_key.append(np.unique((a_key[st].astype(np.int64) << 32) | a_val[st]))
+                self.uses.by_key.append(distinct((a_key[st].astype(np.int64) << 32) | a_val[st]))
 
         # Kinds of the slices, as far as launches and tracks need them.
         kind = self.cat_kind[c["cat"][sl]].copy()
@@ -374,9 +375,9 @@ class _FirstPass:
         launch = IS_LAUNCH[kind] & (corr != 0)
         # Launch calls are spilled with the batch (they are a fifth of a trace's events).
         self._launch = {"launch_corr": corr[launch], "launch_ts": ts[launch]}
-        self.uses.names.append(np.unique(c["name"][sl]))
-        self.uses.cats.append(np.unique(c["cat"][sl]))
-        self.uses.flow_cats.append(np.unique(c["cat"][fl]))
+        self.uses.names.append(distinct(c["name"][sl]))
+        self.uses.cats.append(distinct(c["cat"][sl]))
+        self.uses.flow_cats.append(distinct(c["cat"][fl]))
         self.slices += int(sl.size)
         if sl.size:
             start = us_to_ns(ts)
@@ -393,7 +394,7 @@ class _FirstPass:
             self.flow_tracks.setdefault(p, None)
         device_like = _IS_DEVICE_TRACK[kind]
         host_like = ~device_like & (kind != KIND["trace_span"]) & (kind != KIND["other"])
-        for p in np.unique(pair[sl][host_like]).tolist():
+        for p in distinct(pair[sl][host_like]).tolist():
             self.has_host[p] = True
         dev_rows = sl[device_like]
         if dev_rows.size:
@@ -664,7 +665,7 @@ class StreamedFile:
             dur = us_to_ns(np.array([m[3] for m in f.markers]))
             order = np.argsort(start, kind="stable")
             nums, start, dur = nums[order], start[order], dur[order]
-            if np.unique(nums).size != nums.size:
+            if distinct(nums).size != nums.size:
                 raise TraceFormatError(
                     self.path, "two ProfilerStep events carry the same step number"
                 )
@@ -798,7 +799,7 @@ class StreamedFile:
             part_of[step < 0] = -1
             ev_local = cols["arg_ev"].astype(np.int64) - b.first
             arg_part = part_of[ev_local] if ev_local.size else np.zeros(0, np.int64)
-            for p in np.unique(part_of[part_of >= 0]).tolist():
+            for p in distinct(part_of[part_of >= 0]).tolist():
                 sel = np.flatnonzero(part_of == p)
                 asel = np.flatnonzero(arg_part == p)
                 out = {k: cols[k][sel] for k in _EVENT_COLUMNS}
@@ -1138,7 +1139,7 @@ def _pending_events(scanner, first: _FirstPass) -> int:
 def _distinct(parts: list[np.ndarray]) -> np.ndarray:
     if not parts:
         return np.zeros(0, dtype=np.int64)
-    return np.unique(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
+    return distinct(np.concatenate([np.asarray(p, dtype=np.int64) for p in parts]))
 
 
 def _ungrouped(rest: dict[str, Any], first: int, taken_strings: int) -> dict[str, Any]:
