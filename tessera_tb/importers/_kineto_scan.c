@@ -937,12 +937,14 @@ static void stream_undo(Scan *s, const Mark *m) {
     }
 }
 
-/* Reads what it can of pending; 0, or -1 on an error (s->why or s->nomem says which). With
- * `final`, the text is all there: a unit that does not end is an error. */
-static int stream_run(Stream *st, int final) {
+/* Reads what it can of text[0:len], the trace's text from st->offset on; *used: the bytes
+ * read (the rest is a cut unit, for the caller to keep). 0, or -1 on an error (s->why or
+ * s->nomem says which). With `final`, the text is all there: a unit that does not end is
+ * an error. */
+static int stream_run(Stream *st, const char *text, size_t len, int final, size_t *used) {
     Scan *s = &st->s;
-    s->base = s->p = st->pending.p ? st->pending.p : "";
-    s->end = s->base + st->pending.len;
+    s->base = s->p = text ? text : "";
+    s->end = s->base + len;
     while (1) {
         skip_ws(s);
         if (st->state == ST_END) {
@@ -1061,13 +1063,45 @@ static int stream_run(Stream *st, int final) {
             st->state = ST_EV_AFTER;
         }
     }
-    /* Keep the unread rest for the next chunk. */
-    size_t used = (size_t)(s->p - s->base);
+    *used = (size_t)(s->p - s->base);
+    return 0;
+}
+
+/* stream_run over pending, its read bytes dropped. */
+static int stream_run_pending(Stream *st, int final) {
+    size_t used;
+    if (stream_run(st, st->pending.p, st->pending.len, final, &used)) return -1;
     if (used) {
         memmove(st->pending.p, st->pending.p + used, st->pending.len - used);
         st->pending.len -= used;
         st->offset += (int64_t)used;
     }
+    return 0;
+}
+
+/* Reads a chunk of text after what pending holds, keeping the cut unit at its end in
+ * pending. The chunk is read where it lies, not copied: only its first bytes are joined to
+ * the cut unit pending holds (2x the window, at least 64 KiB; the whole chunk where that
+ * unit is longer), and only its own cut unit is kept. Where the units fall, and so the
+ * columns, are those of one pass over the whole text, as with any other cut. */
+static int stream_feed(Stream *st, const char *text, size_t len) {
+    size_t from = 0, used;
+    if (st->pending.len) {
+        size_t join = st->window * 2 > (64 << 10) ? st->window * 2 : (64 << 10);
+        if (join > len) join = len;
+        if (buf_put(&st->pending, text, join)) return st->s.nomem = 1, -1;
+        if (stream_run_pending(st, 0)) return -1;
+        if (join == len) return 0;
+        if (st->pending.len > join) { /* the unit began before this chunk and is still cut */
+            if (buf_put(&st->pending, text + join, len - join)) return st->s.nomem = 1, -1;
+            return stream_run_pending(st, 0);
+        }
+        from = join - st->pending.len; /* pending holds text[from:join]: read on from there */
+        st->pending.len = 0;
+    }
+    if (stream_run(st, text + from, len - from, 0, &used)) return -1;
+    st->offset += (int64_t)used;
+    if (buf_put(&st->pending, text + from + used, len - from - used)) return st->s.nomem = 1, -1;
     return 0;
 }
 
@@ -1242,10 +1276,11 @@ static void Scanner_dealloc(ScannerObject *self) {
 }
 
 /* Runs the stream over what it holds, the GIL released; raises on an error. */
-static int scanner_step(ScannerObject *self, int final) {
+/* feed (text) or finish (final): the GIL released while the text is read. */
+static int scanner_step(ScannerObject *self, const char *text, size_t len, int final) {
     Stream *st = self->st;
     st->s.unlocked = PyEval_SaveThread();
-    int rc = stream_run(st, final);
+    int rc = final ? stream_run_pending(st, 1) : stream_feed(st, text, len);
     if (!rc && final && group_args(&st->s)) st->s.nomem = 1, rc = -1;
     PyEval_RestoreThread(st->s.unlocked);
     if (rc) {
@@ -1269,16 +1304,15 @@ static PyObject *Scanner_feed(ScannerObject *self, PyObject *arg) {
     if (!scanner_usable(self)) return NULL;
     Py_buffer view;
     if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    int bad = buf_put(&self->st->pending, view.buf, (size_t)view.len);
+    int bad = scanner_step(self, view.buf, (size_t)view.len, 0);
     PyBuffer_Release(&view);
-    if (bad) return PyErr_NoMemory();
-    if (scanner_step(self, 0)) return NULL;
+    if (bad) return NULL;
     return PyLong_FromSize_t(self->st->pending.len);
 }
 
 static PyObject *Scanner_finish(ScannerObject *self, PyObject *Py_UNUSED(ignored)) {
     if (!scanner_usable(self)) return NULL;
-    if (scanner_step(self, 1)) return NULL;
+    if (scanner_step(self, NULL, 0, 1)) return NULL;
     self->done = 1;
     PyObject *result = scan_result(&self->st->s);
     if (!result) return NULL;

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 import threading
 
 import pytest
@@ -70,6 +71,43 @@ def test_the_scanner_keeps_only_the_cut_event_between_pieces():
     longest_event = 8192  # these traces' events are a few hundred bytes, at most a few KB
     assert 0 < max(kept) < longest_event
     _same_columns(scanner.finish(), kineto_decode._kineto_scan.scan_events(text))
+
+
+def test_pieces_larger_than_the_join_are_read_in_place_with_the_same_columns():
+    """Pieces of 100 KB to 1.5 MB: the scanner joins only a piece's first bytes (twice the
+    window, at least 64 KiB) to the cut unit it keeps, and reads the rest of the piece where
+    it lies. In a copy with events of 200 KB (a long name) spread through the text, a cut
+    unit outlasts the join and the whole piece is joined instead (until the window has grown
+    past the pieces). Both texts, with every window: the columns of one pass."""
+    import random
+
+    scan = kineto_decode._kineto_scan
+    rng = random.Random(20261126)
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    plain = gzip.decompress(open(path, "rb").read())
+    starts = [m.start() for m in re.finditer(rb"\n  \{", plain)]
+    with_long = plain
+    for at in sorted(rng.sample(starts[10:-10], 6), reverse=True):
+        event = b'\n  {"ph": "i", "name": "' + b"x" * 200_000 + b'", "ts": 1, "pid": 1, "tid": 1},'
+        with_long = with_long[:at] + event + with_long[at:]
+    for text in (plain, with_long):
+        whole = scan.scan_events(text)
+        for window in (0, 300, 64 << 10, 1 << 20):
+            scanner = scan.Scanner(window=window)
+            i = 0
+            while i < len(text):
+                n = rng.randrange(100_000, 1_500_000)
+                scanner.feed(text[i : i + n])
+                i += n
+            _same_columns(scanner.finish(), whole)
+    # The first long event cut by a piece's end, 150 KB of it still to come: more than the
+    # next piece's join (64 KiB), so that piece is joined whole.
+    at = next(a for a in starts if a > 250_000)
+    cut = plain[:at] + event + plain[at:]
+    scanner = scan.Scanner(window=300)
+    kept = [scanner.feed(cut[i : i + 300_000]) for i in range(0, len(cut), 300_000)]
+    assert kept[0] > 40_000 and kept[1] < 40_000  # the long event cut, then read
+    _same_columns(scanner.finish(), scan.scan_events(cut))
 
 
 def test_a_run_imported_in_small_pieces_is_the_same_byte_for_byte(tmp_path, monkeypatch):
