@@ -1275,8 +1275,8 @@ static void Scanner_dealloc(ScannerObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
-/* Runs the stream over what it holds, the GIL released; raises on an error. */
-/* feed (text) or finish (final): the GIL released while the text is read. */
+/* Reads a chunk fed (text) or, with `final`, what pending holds at the end, the GIL
+ * released; raises on an error. */
 static int scanner_step(ScannerObject *self, const char *text, size_t len, int final) {
     Stream *st = self->st;
     st->s.unlocked = PyEval_SaveThread();
