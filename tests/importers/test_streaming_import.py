@@ -86,9 +86,9 @@ def test_pieces_larger_than_the_join_are_read_in_place_with_the_same_columns():
     path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
     plain = gzip.decompress(open(path, "rb").read())
     starts = [m.start() for m in re.finditer(rb"\n  \{", plain)]
+    event = b'\n  {"ph": "i", "name": "' + b"x" * 200_000 + b'", "ts": 1, "pid": 1, "tid": 1},'
     with_long = plain
     for at in sorted(rng.sample(starts[10:-10], 6), reverse=True):
-        event = b'\n  {"ph": "i", "name": "' + b"x" * 200_000 + b'", "ts": 1, "pid": 1, "tid": 1},'
         with_long = with_long[:at] + event + with_long[at:]
     for text in (plain, with_long):
         whole = scan.scan_events(text)
