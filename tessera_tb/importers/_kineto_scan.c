@@ -186,6 +186,7 @@ typedef struct {
     int32_t zero_id;
     char why[160]; /* set when the input is not read here */
     int nomem;
+    int spaced; /* skip_value met insignificant whitespace */
     PyThreadState *unlocked; /* the GIL is released while scanning */
     int64_t events_start, events_end; /* the traceEvents list's byte range */
     Buf top;                          /* int64 (key id, start, end) per other top-level member */
@@ -338,6 +339,33 @@ static int intern_string(Scan *s, int32_t *id) {
     return 0;
 }
 
+/* A byte that is an ASCII digit. */
+#define IS_DIGIT(c) ((unsigned)((unsigned char)(c) - '0') <= 9)
+
+/* Digits from q on into mant: `room` more of them unchecked, then each checked against
+ * overflow (which, once set, stops taking digits, as the caller expects); `counted` runs
+ * for every digit taken. */
+#define TAKE_DIGITS(q, end, mant, room, overflow, counted)                            \
+    do {                                                                              \
+        const char *from_ = (q);                                                      \
+        const char *lim_ = (end) - (q) > (room) ? (q) + (room) : (end);               \
+        while ((q) < lim_ && IS_DIGIT(*(q))) {                                        \
+            (mant) = (mant) * 10 + (uint64_t)(*(q) - '0');                            \
+            counted;                                                                  \
+            (q)++;                                                                    \
+        }                                                                             \
+        (room) -= (int)((q) - from_);                                                 \
+        while ((q) < (end) && IS_DIGIT(*(q))) {                                       \
+            if ((mant) > (UINT64_MAX - 9) / 10) {                                     \
+                (overflow) = 1;                                                       \
+            } else {                                                                  \
+                (mant) = (mant) * 10 + (uint64_t)(*(q) - '0');                        \
+                counted;                                                              \
+            }                                                                         \
+            (q)++;                                                                    \
+        }                                                                             \
+    } while (0)
+
 enum { NUM_INT, NUM_FLOAT, NUM_BIG };
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
@@ -348,32 +376,26 @@ static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
  * int64 (dv holds it as a double). text and tlen: its text. */
 static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char **text,
                        size_t *tlen) {
-    const char *q = s->p, *start = s->p;
+    const char *q = s->p, *start = s->p, *end = s->end;
     int neg = 0;
-    if (q < s->end && *q == '-') neg = 1, q++;
-    if (q >= s->end || *q < '0' || *q > '9') return fail(s, "bad number");
+    if (q < end && *q == '-') neg = 1, q++;
+    if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
     uint64_t mant = 0;
-    int digits = 0, overflow = 0;
+    int overflow = 0;
+    /* The first 19 digits taken into the mantissa cannot overflow it (10**19 - 1 fits in
+     * 64 bits), so they go without the check; past them each digit is checked. */
+    int room = 19;
     if (*q == '0') {
         q++;
     } else {
-        while (q < s->end && *q >= '0' && *q <= '9') {
-            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
-            else mant = mant * 10 + (uint64_t)(*q - '0');
-            digits++;
-            q++;
-        }
+        TAKE_DIGITS(q, end, mant, room, overflow, (void)0);
     }
     int frac_digits = 0, is_float = 0, exp_val = 0;
     if (q < s->end && *q == '.') {
         is_float = 1;
         q++;
-        if (q >= s->end || *q < '0' || *q > '9') return fail(s, "bad number");
-        while (q < s->end && *q >= '0' && *q <= '9') {
-            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
-            else mant = mant * 10 + (uint64_t)(*q - '0'), frac_digits++;
-            q++;
-        }
+        if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
+        TAKE_DIGITS(q, end, mant, room, overflow, frac_digits++);
     }
     if (q < s->end && (*q == 'e' || *q == 'E')) {
         is_float = 1;
@@ -430,8 +452,93 @@ static int expect_literal(Scan *s, const char *lit, size_t n) {
     return 0;
 }
 
-/* Skip one JSON value; with `raw`, append its text without insignificant whitespace. */
-static int skip_value(Scan *s, int depth, Buf *raw) {
+/* A number checked as read_number checks it, without taking its value: only one with an
+ * exponent (the only kind that can fall out of the double range) is read in full. */
+static int skip_number(Scan *s) {
+    const char *q = s->p, *end = s->end;
+    if (q < end && *q == '-') q++;
+    if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
+    if (*q == '0') q++;
+    else
+        while (q < end && IS_DIGIT(*q)) q++;
+    if (q < end && *q == '.') {
+        q++;
+        if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
+        while (q < end && IS_DIGIT(*q)) q++;
+    }
+    if (q < end && (*q == 'e' || *q == 'E')) {
+        int kind;
+        int64_t iv;
+        double dv;
+        const char *text;
+        size_t tlen;
+        return read_number(s, &kind, &iv, &dv, &text, &tlen);
+    }
+    if ((size_t)(q - s->p) > MAX_NUMBER_CHARS) return fail(s, "number too long");
+    s->p = q;
+    return 0;
+}
+
+/* Whitespace before a token inside a skipped value; s->spaced notes that there was some. */
+static inline void skip_ws_noted(Scan *s) {
+    if (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) {
+        s->spaced = 1;
+        skip_ws(s);
+    }
+}
+
+/* Skip one JSON value, checking it. Where it holds insignificant whitespace, s->spaced is set:
+ * its text is then not its compact form. */
+static int skip_value(Scan *s, int depth) {
+    if (depth > MAX_DEPTH) return fail(s, "nesting too deep");
+    skip_ws_noted(s);
+    if (s->p >= s->end) return fail(s, "unexpected end of data");
+    char c = *s->p;
+    if (c == '"') {
+        const char *str;
+        size_t n;
+        return read_string(s, &str, &n);
+    }
+    if (c == '{' || c == '[') {
+        char close = c == '{' ? '}' : ']';
+        s->p++;
+        skip_ws_noted(s);
+        if (s->p < s->end && *s->p == close) {
+            s->p++;
+            return 0;
+        }
+        while (1) {
+            if (c == '{') {
+                skip_ws_noted(s);
+                if (s->p >= s->end || *s->p != '"') return fail(s, "expected an object key");
+                if (skip_value(s, depth + 1)) return -1;
+                skip_ws_noted(s);
+                if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
+                s->p++;
+            }
+            if (skip_value(s, depth + 1)) return -1;
+            skip_ws_noted(s);
+            if (s->p >= s->end) return fail(s, "unexpected end of data");
+            if (*s->p == ',') {
+                s->p++;
+                continue;
+            }
+            if (*s->p == close) {
+                s->p++;
+                return 0;
+            }
+            return fail(s, "expected ',' or a closing bracket");
+        }
+    }
+    if (c == 't') return expect_literal(s, "true", 4);
+    if (c == 'f') return expect_literal(s, "false", 5);
+    if (c == 'n') return expect_literal(s, "null", 4);
+    return skip_number(s);
+}
+
+/* Skip one JSON value and append its text to `raw` without insignificant whitespace: for a
+ * nested argument value written with spaces (skip_value reads the compact ones). */
+static int copy_compact(Scan *s, int depth, Buf *raw) {
     if (depth > MAX_DEPTH) return fail(s, "nesting too deep");
     skip_ws(s);
     if (s->p >= s->end) return fail(s, "unexpected end of data");
@@ -442,40 +549,40 @@ static int skip_value(Scan *s, int depth, Buf *raw) {
         size_t n;
         /* The text is kept as written (escapes and all); it is decoded again later. */
         if (read_string(s, &str, &n)) return -1;
-        if (raw && buf_put(raw, start, (size_t)(s->p - start))) return s->nomem = 1, -1;
+        if (buf_put(raw, start, (size_t)(s->p - start))) return s->nomem = 1, -1;
         return 0;
     }
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         s->p++;
-        if (raw && buf_put(raw, &c, 1)) return s->nomem = 1, -1;
+        if (buf_put(raw, &c, 1)) return s->nomem = 1, -1;
         skip_ws(s);
         if (s->p < s->end && *s->p == close) {
             s->p++;
-            if (raw && buf_put(raw, &close, 1)) return s->nomem = 1, -1;
+            if (buf_put(raw, &close, 1)) return s->nomem = 1, -1;
             return 0;
         }
         while (1) {
             if (c == '{') {
                 skip_ws(s);
                 if (s->p >= s->end || *s->p != '"') return fail(s, "expected an object key");
-                if (skip_value(s, depth + 1, raw)) return -1;
+                if (copy_compact(s, depth + 1, raw)) return -1;
                 skip_ws(s);
                 if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
                 s->p++;
-                if (raw && buf_put(raw, ":", 1)) return s->nomem = 1, -1;
+                if (buf_put(raw, ":", 1)) return s->nomem = 1, -1;
             }
-            if (skip_value(s, depth + 1, raw)) return -1;
+            if (copy_compact(s, depth + 1, raw)) return -1;
             skip_ws(s);
             if (s->p >= s->end) return fail(s, "unexpected end of data");
             if (*s->p == ',') {
                 s->p++;
-                if (raw && buf_put(raw, ",", 1)) return s->nomem = 1, -1;
+                if (buf_put(raw, ",", 1)) return s->nomem = 1, -1;
                 continue;
             }
             if (*s->p == close) {
                 s->p++;
-                if (raw && buf_put(raw, &close, 1)) return s->nomem = 1, -1;
+                if (buf_put(raw, &close, 1)) return s->nomem = 1, -1;
                 return 0;
             }
             return fail(s, "expected ',' or a closing bracket");
@@ -485,7 +592,7 @@ static int skip_value(Scan *s, int depth, Buf *raw) {
         const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
         size_t n = strlen(lit);
         if (expect_literal(s, lit, n)) return -1;
-        if (raw && buf_put(raw, lit, n)) return s->nomem = 1, -1;
+        if (buf_put(raw, lit, n)) return s->nomem = 1, -1;
         return 0;
     }
     int kind;
@@ -494,7 +601,7 @@ static int skip_value(Scan *s, int depth, Buf *raw) {
     const char *text;
     size_t tlen;
     if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
-    if (raw && buf_put(raw, text, tlen)) return s->nomem = 1, -1;
+    if (buf_put(raw, text, tlen)) return s->nomem = 1, -1;
     return 0;
 }
 
@@ -568,9 +675,19 @@ static int read_args(Scan *s) {
             int32_t id;
             if (intern_string(s, &id) || add_arg(s, key, T_STR, id)) return -1;
         } else if (c == '{' || c == '[') {
-            s->raw.len = 0;
-            if (skip_value(s, 1, &s->raw)) return -1;
-            int32_t id = intern(&s->strs, s->raw.p, s->raw.len);
+            /* Kept as its compact text: the text as written, where it has no spaces. */
+            const char *start = s->p;
+            s->spaced = 0;
+            if (skip_value(s, 1)) return -1;
+            const char *text = start;
+            size_t len = (size_t)(s->p - start);
+            if (s->spaced) {
+                s->p = start;
+                s->raw.len = 0;
+                if (copy_compact(s, 1, &s->raw)) return -1;
+                text = s->raw.p, len = s->raw.len;
+            }
+            int32_t id = intern(&s->strs, text, len);
             if (id < 0) return s->nomem = 1, -1;
             if (add_arg(s, key, T_RAW, id)) return -1;
         } else if (c == 't') {
@@ -709,9 +826,9 @@ static int read_event(Scan *s) {
                 }
             } else if (key_is(key, kn, "s") || key_is(key, kn, "bp")) {
                 if (c != '"') return fail(s, "s/bp is not a string");
-                if (skip_value(s, 1, NULL)) return -1;
+                if (skip_value(s, 1)) return -1;
             } else {
-                if (skip_value(s, 1, NULL)) return -1;
+                if (skip_value(s, 1)) return -1;
             }
             int more = after_item(s, '}', "expected ',' or '}'");
             if (more < 0) return -1;
@@ -786,7 +903,7 @@ static int scan_trace(Scan *s) {
                 if (scan_array(s)) return -1;
             } else {
                 int64_t start = (int64_t)(s->p - s->base);
-                if (skip_value(s, 1, NULL)) return -1;
+                if (skip_value(s, 1)) return -1;
                 int64_t entry[3] = {key, start, (int64_t)(s->p - s->base)};
                 if (buf_put(&s->top, entry, sizeof entry)) return s->nomem = 1, -1;
             }
@@ -1001,7 +1118,7 @@ static int stream_run(Stream *st, const char *text, size_t len, int final, size_
                 st->state = ST_EV_FIRST;
             } else {
                 const char *start = s->p;
-                if (skip_value(s, 1, NULL)) return -1;
+                if (skip_value(s, 1)) return -1;
                 int64_t entry[3] = {key, (int64_t)st->top_text.len, 0};
                 if (buf_put(&st->top_text, start, (size_t)(s->p - start))) return s->nomem = 1, -1;
                 entry[2] = (int64_t)st->top_text.len;

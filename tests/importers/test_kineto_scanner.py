@@ -136,6 +136,45 @@ def test_scanner_reads_numbers_strings_and_arguments_as_json_does():
     assert json.loads(strings[got["o"][1]]) == {"k": [1, 2]}
 
 
+def test_scanner_keeps_nested_values_as_their_compact_text():
+    """A list or object argument is kept as its text without insignificant whitespace: the
+    text as written where it has none (read in place), else a compact copy. Spaces inside
+    its strings are the value's own and stay."""
+    from tessera_tb.importers import _kineto_scan
+
+    values = [  # (compact, the same written with whitespace)
+        ('[[8192,32000],[],[1.50,"a b, c: d"]]', '[ [8192, 32000],\n [ ], [1.50 ,\t"a b, c: d"] ]'),
+        (
+            '{"k":[1,-2.5e3,true,false,null],"s":"x\\"y"}',
+            '{ "k" :[1, -2.5e3,true,\r\nfalse,null] ,"s": "x\\"y"}',
+        ),
+        ('["","[1024, 4096]",{"":[]}]', '["", "[1024, 4096]", {"": []}]'),
+        ("[]", "[ ]"),
+        ("{}", "{\n}"),
+    ]
+    for compact, spaced in values:
+        assert json.loads(compact) == json.loads(spaced)
+        for written in (compact, spaced):
+            text = f'[{{"ph":"X","args":{{"v":{written},"n":1}}}}]'.encode()
+            out = _kineto_scan.scan_events(text)
+            types = np.frombuffer(out["arg_type"], np.uint8).tolist()
+            vals = np.frombuffer(out["arg_val"], np.int64).tolist()
+            assert types == [6, 3], written  # T_RAW, then T_INT: the next member read right
+            assert out["strings"][vals[0]] == compact, written
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1E+309", "1" * 97, "0" + "1", "1.", "-", "1.e5"])
+def test_scanner_checks_numbers_inside_nested_values(number):
+    """Numbers in a nested value are checked as the event's own numbers are, though their
+    values are not kept: one out of the double range, too long or malformed is declined."""
+    from tessera_tb.importers import _kineto_scan
+
+    with pytest.raises(_kineto_scan.Unsupported):
+        _kineto_scan.scan_events(f'[{{"ph":"X","args":{{"v":[1,{number}]}}}}]'.encode())
+    fine = _kineto_scan.scan_events(b'[{"ph":"X","args":{"v":[1,1e300,-0.5E-3]}}]')
+    assert fine["strings"][np.frombuffer(fine["arg_val"], np.int64)[0]] == "[1,1e300,-0.5E-3]"
+
+
 def _number_texts() -> list[str]:
     """Integers and decimals of 1 to 24 digits in each part (the scanner's mantissa holds 19
     digits; past that it takes the value from the text), with signs, exponents and leading
