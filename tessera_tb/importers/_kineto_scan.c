@@ -91,18 +91,53 @@ typedef struct {
     int32_t count;
 } Interner;
 
+/* The hash of s[0:n]: eight bytes at a time, the last few as one word of their own (read
+ * without going past s + n). Only the interner's probe order depends on it: string ids are
+ * numbered in first-use order whatever it is. */
+static inline uint64_t hash_word(uint64_t h, uint64_t w) {
+    h = (h ^ w) * 1099511628211ULL;
+    return h ^ (h >> 29);
+}
+
 static uint64_t hash_bytes(const char *s, size_t n) {
     uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    uint64_t w = 0;
     size_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        uint64_t w;
         memcpy(&w, s + i, 8);
-        h = (h ^ w) * 1099511628211ULL;
-        h ^= h >> 29;
+        h = hash_word(h, w);
     }
-    for (; i < n; i++) h = (h ^ (unsigned char)s[i]) * 1099511628211ULL;
+    size_t rest = n - i;
+    if (rest) {
+        const char *t = s + i;
+        if (n >= 8) {
+            memcpy(&w, s + n - 8, 8); /* overlaps bytes already taken: still a function of s */
+        } else if (rest >= 4) {
+            uint32_t lo, hi;
+            memcpy(&lo, t, 4);
+            memcpy(&hi, t + rest - 4, 4);
+            w = (uint64_t)lo | ((uint64_t)hi << 32);
+        } else {
+            w = (uint64_t)(unsigned char)t[0] | ((uint64_t)(unsigned char)t[rest / 2] << 8) |
+                ((uint64_t)(unsigned char)t[rest - 1] << 16);
+        }
+        h = hash_word(h, w);
+    }
     h ^= h >> 32;
     return h;
+}
+
+/* s[0:n] == t[0:n], for the short strings the interner mostly compares (no call). */
+static inline int same_bytes(const char *s, const char *t, size_t n) {
+    for (; n >= 8; s += 8, t += 8, n -= 8) {
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, t, 8);
+        if (a != b) return 0;
+    }
+    while (n--)
+        if (*s++ != *t++) return 0;
+    return 1;
 }
 
 static int interner_init(Interner *in) {
@@ -153,7 +188,7 @@ static int32_t intern(Interner *in, const char *s, size_t n) {
     const size_t *lens = (const size_t *)in->lens.p;
     while (in->table[j]) {
         int32_t id = in->table[j] - 1;
-        if (in->hashes[j] == h && lens[id] == n && memcmp(in->arena.p + offs[id], s, n) == 0)
+        if (in->hashes[j] == h && lens[id] == n && same_bytes(in->arena.p + offs[id], s, n))
             return id;
         j = (j + 1) & in->mask;
     }
@@ -199,9 +234,12 @@ static int fail(Scan *s, const char *what) {
     return -1;
 }
 
+/* JSON's whitespace; every byte it takes is at most ' ', and the bytes a token starts with
+ * are above it, so most calls end at the first test. */
+#define IS_WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\r' || (c) == '\t')
+
 static inline void skip_ws(Scan *s) {
-    while (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t'))
-        s->p++;
+    while (s->p < s->end && (unsigned char)*s->p <= ' ' && IS_WS(*s->p)) s->p++;
 }
 
 static int hexval(char c) {
@@ -269,17 +307,25 @@ static inline const char *plain_end(const char *q, const char *end) {
     return q;
 }
 
+static int read_escaped(Scan *s, const char *q, const char **out, size_t *n);
+
 /* A JSON string at s->p (the opening quote). Points out and n at its decoded bytes: into
- * the input when it has no escapes, else into s->scratch. */
-static int read_string(Scan *s, const char **out, size_t *n) {
+ * the input when it has no escapes, else into s->scratch (read_escaped, out of line). */
+static inline int read_string(Scan *s, const char **out, size_t *n) {
     const char *q = plain_end(++s->p, s->end);
-    if (q >= s->end) return fail(s, "unterminated string");
-    if (*q == '"') {
+    if (q < s->end && *q == '"') {
         *out = s->p;
         *n = (size_t)(q - s->p);
         s->p = q + 1;
         return 0;
     }
+    return read_escaped(s, q, out, n);
+}
+
+/* The rest of read_string, from q (the first byte that is not plain) on: an escape, a control
+ * character or the end of the text. */
+static int read_escaped(Scan *s, const char *q, const char **out, size_t *n) {
+    if (q >= s->end) return fail(s, "unterminated string");
     if ((unsigned char)*q < 0x20) return fail(s, "control character in a string");
     s->scratch.len = 0;
     if (buf_put(&s->scratch, s->p, (size_t)(q - s->p))) return s->nomem = 1, -1;
@@ -446,6 +492,41 @@ static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char *
     return 0;
 }
 
+/* The common numbers, read inline: an optional '-', an integer part without leading zeros,
+ * an optional fraction, no exponent, at most 19 digits taken into the mantissa in all (so
+ * it cannot overflow) and a byte after it within the text. Returns the end of the number,
+ * with *mant its digits and *frac the number of fraction digits (-1: an integer), or NULL
+ * for any other text: read_number then reads it, or names the problem. The values callers
+ * make of these are the ones read_number makes of the same text. */
+static inline const char *simple_number(const char *q, const char *end, uint64_t *mant,
+                                        int *frac, int *neg) {
+    *neg = q < end && *q == '-';
+    q += *neg;
+    if (q >= end || !IS_DIGIT(*q)) return NULL;
+    uint64_t m = 0;
+    int room = 19; /* digits the mantissa can still take */
+    if (*q == '0') {
+        q++;
+    } else {
+        const char *from = q, *lim = end - q > room ? q + room : end;
+        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
+        room -= (int)(q - from);
+    }
+    if (q >= end) return NULL;
+    int f = -1;
+    if (*q == '.') {
+        const char *from = ++q, *lim = end - q > room ? q + room : end;
+        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
+        f = (int)(q - from);
+        if (f == 0 || q >= end) return NULL;
+    }
+    /* a digit here: more than the mantissa takes (or a leading zero's next digit) */
+    if (IS_DIGIT(*q) || *q == 'e' || *q == 'E') return NULL;
+    *mant = m;
+    *frac = f;
+    return q;
+}
+
 static int expect_literal(Scan *s, const char *lit, size_t n) {
     if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0) return fail(s, "bad literal");
     s->p += n;
@@ -481,7 +562,7 @@ static int skip_number(Scan *s) {
 
 /* Whitespace before a token inside a skipped value; s->spaced notes that there was some. */
 static inline void skip_ws_noted(Scan *s) {
-    if (s->p < s->end && (*s->p == ' ' || *s->p == '\n' || *s->p == '\r' || *s->p == '\t')) {
+    if (s->p < s->end && (unsigned char)*s->p <= ' ' && IS_WS(*s->p)) {
         s->spaced = 1;
         skip_ws(s);
     }
@@ -607,7 +688,7 @@ static int copy_compact(Scan *s, int depth, Buf *raw) {
 
 /* After a member or an element: 1 when a ',' follows (another one comes), 0 at `close`
  * (consumed), -1 on anything else. */
-static int after_item(Scan *s, char close, const char *what) {
+static inline int after_item(Scan *s, char close, const char *what) {
     skip_ws(s);
     if (s->p >= s->end) return fail(s, "unexpected end of data");
     if (*s->p == ',') {
@@ -697,6 +778,23 @@ static int read_args(Scan *s) {
         } else if (c == 'n') {
             if (expect_literal(s, "null", 4) || add_arg(s, key, T_NULL, 0)) return -1;
         } else {
+            uint64_t m;
+            int frac, neg;
+            const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
+            if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
+                s->p = q;
+                if (add_arg(s, key, T_INT, neg ? -(int64_t)m : (int64_t)m)) return -1;
+                goto next;
+            }
+            if (q && frac >= 0 && frac <= 22 && m <= (1ULL << 53)) {
+                double d = (double)m / POW10[frac];
+                if (neg) d = -d;
+                int64_t bits;
+                memcpy(&bits, &d, 8);
+                s->p = q;
+                if (add_arg(s, key, T_FLOAT, bits)) return -1;
+                goto next;
+            }
             int kind;
             int64_t iv;
             double dv;
@@ -715,18 +813,53 @@ static int read_args(Scan *s) {
                 if (add_arg(s, key, T_BIGINT, id)) return -1;
             }
         }
+    next:;
         int more = after_item(s, '}', "expected ',' or '}' in args");
         if (more <= 0) return more;
     }
 }
 
-static inline int key_is(const char *k, size_t n, const char *name) {
-    return strlen(name) == n && memcmp(k, name, n) == 0;
+/* The event fields read here, by their key. */
+enum { F_OTHER, F_PH, F_CAT, F_NAME, F_PID, F_TID, F_TS, F_DUR, F_ID, F_ARGS, F_S, F_BP };
+
+static inline int field_of(const char *k, size_t n) {
+#define KEY_IS(name) (memcmp(k, name, sizeof name - 1) == 0)
+    switch (n) {
+        case 1: return k[0] == 's' ? F_S : F_OTHER;
+        case 2:
+            if (KEY_IS("ph")) return F_PH;
+            if (KEY_IS("ts")) return F_TS;
+            if (KEY_IS("id")) return F_ID;
+            if (KEY_IS("bp")) return F_BP;
+            return F_OTHER;
+        case 3:
+            if (KEY_IS("cat")) return F_CAT;
+            if (KEY_IS("pid")) return F_PID;
+            if (KEY_IS("tid")) return F_TID;
+            if (KEY_IS("dur")) return F_DUR;
+            return F_OTHER;
+        case 4:
+            if (KEY_IS("name")) return F_NAME;
+            if (KEY_IS("args")) return F_ARGS;
+            return F_OTHER;
+        default: return F_OTHER;
+    }
+#undef KEY_IS
 }
 
 /* pid/tid: an integer (kept as its decimal text) or a string. */
 static int read_track_part(Scan *s, int32_t *id) {
     if (*s->p == '"') return intern_string(s, id);
+    uint64_t m;
+    int frac, neg;
+    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
+    if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
+        /* "-0" is the integer 0, whose text is "0". */
+        *id = m == 0 ? s->zero_id : intern(&s->strs, s->p, (size_t)(q - s->p));
+        if (*id < 0) return s->nomem = 1, -1;
+        s->p = q;
+        return 0;
+    }
     int kind;
     int64_t iv;
     double dv;
@@ -750,6 +883,20 @@ static int read_time(Scan *s, double *out) {
         return expect_literal(s, "null", 4);
     }
     if (*s->p != '-' && (*s->p < '0' || *s->p > '9')) return fail(s, "ts/dur is not a number");
+    uint64_t m;
+    int frac, neg;
+    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
+    if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
+        *out = (double)(neg ? -(int64_t)m : (int64_t)m);
+        s->p = q;
+        return 0;
+    }
+    if (q && frac >= 0 && frac <= 22 && m <= (1ULL << 53)) {
+        double d = (double)m / POW10[frac];
+        *out = neg ? -d : d;
+        s->p = q;
+        return 0;
+    }
     int kind;
     int64_t iv;
     double dv;
@@ -775,60 +922,68 @@ static int read_event(Scan *s) {
             const char *k;
             size_t kn;
             if (read_string(s, &k, &kn)) return -1;
-            /* Copy a key decoded into scratch: reading the value may reuse scratch. */
-            char key[8];
-            if (kn > sizeof key) kn = sizeof key + 1; /* longer than every field name */
-            else memcpy(key, k, kn);
+            /* Known before the value is read: reading it may reuse scratch, where a key
+             * with escapes was decoded. */
+            int field = field_of(k, kn);
             skip_ws(s);
             if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
             s->p++;
             skip_ws(s);
             if (s->p >= s->end) return fail(s, "unexpected end of data");
             char c = *s->p;
-            int32_t *target = NULL;
-            if (key_is(key, kn, "ph")) target = &ph;
-            else if (key_is(key, kn, "cat")) target = &cat;
-            else if (key_is(key, kn, "name")) target = &name;
-            if (target) {
-                if (c != '"') return fail(s, "ph/cat/name is not a string");
-                if (intern_string(s, target)) return -1;
-            } else if (key_is(key, kn, "pid")) {
-                if (read_track_part(s, &pid)) return -1;
-            } else if (key_is(key, kn, "tid")) {
-                if (read_track_part(s, &tid)) return -1;
-            } else if (key_is(key, kn, "ts")) {
-                if (read_time(s, &ts)) return -1;
-            } else if (key_is(key, kn, "dur")) {
-                if (read_time(s, &dur)) return -1;
-            } else if (key_is(key, kn, "id")) {
-                if (c == '"') {
-                    if (intern_string(s, &id_sid)) return -1;
-                    id_val = 0;
-                } else if (c == 'n') {
-                    if (expect_literal(s, "null", 4)) return -1;
-                    id_val = 0, id_sid = -1;
-                } else {
-                    int kind;
-                    double dv;
-                    const char *text;
-                    size_t tlen;
-                    if (read_number(s, &kind, &id_val, &dv, &text, &tlen)) return -1;
-                    if (kind != NUM_INT) return fail(s, "id is not an integer");
-                    id_sid = -1;
-                }
-            } else if (key_is(key, kn, "args")) {
-                if (c == 'n') {
-                    if (expect_literal(s, "null", 4)) return -1;
-                } else if (c == '{') {
-                    if (read_args(s)) return -1;
-                } else {
-                    return fail(s, "args is not an object");
-                }
-            } else if (key_is(key, kn, "s") || key_is(key, kn, "bp")) {
-                if (c != '"') return fail(s, "s/bp is not a string");
-                if (skip_value(s, 1)) return -1;
-            } else {
-                if (skip_value(s, 1)) return -1;
+            switch (field) {
+                case F_PH:
+                case F_CAT:
+                case F_NAME:
+                    if (c != '"') return fail(s, "ph/cat/name is not a string");
+                    if (intern_string(s, field == F_PH ? &ph : field == F_CAT ? &cat : &name))
+                        return -1;
+                    break;
+                case F_PID:
+                    if (read_track_part(s, &pid)) return -1;
+                    break;
+                case F_TID:
+                    if (read_track_part(s, &tid)) return -1;
+                    break;
+                case F_TS:
+                    if (read_time(s, &ts)) return -1;
+                    break;
+                case F_DUR:
+                    if (read_time(s, &dur)) return -1;
+                    break;
+                case F_ID:
+                    if (c == '"') {
+                        if (intern_string(s, &id_sid)) return -1;
+                        id_val = 0;
+                    } else if (c == 'n') {
+                        if (expect_literal(s, "null", 4)) return -1;
+                        id_val = 0, id_sid = -1;
+                    } else {
+                        int kind;
+                        double dv;
+                        const char *text;
+                        size_t tlen;
+                        if (read_number(s, &kind, &id_val, &dv, &text, &tlen)) return -1;
+                        if (kind != NUM_INT) return fail(s, "id is not an integer");
+                        id_sid = -1;
+                    }
+                    break;
+                case F_ARGS:
+                    if (c == 'n') {
+                        if (expect_literal(s, "null", 4)) return -1;
+                    } else if (c == '{') {
+                        if (read_args(s)) return -1;
+                    } else {
+                        return fail(s, "args is not an object");
+                    }
+                    break;
+                case F_S:
+                case F_BP:
+                    if (c != '"') return fail(s, "s/bp is not a string");
+                    if (skip_value(s, 1)) return -1;
+                    break;
+                default:
+                    if (skip_value(s, 1)) return -1;
             }
             int more = after_item(s, '}', "expected ',' or '}'");
             if (more < 0) return -1;

@@ -9,6 +9,7 @@ differently; the strings they name may not).
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -189,7 +190,7 @@ def _number_texts() -> list[str]:
     # 20-digit mantissas of 2**64 + 5: wrapped to 64 bits they would read as 5 (times a power
     # of ten), a value the exact fast path takes.
     wraps = ["18446744073709551621"[:k] + "." + "18446744073709551621"[k:] for k in range(1, 20)]
-    return texts + wraps + ["0", "-0", "0.5", "1e22", "1E-5", "123456789012345678901234567890"]
+    return texts + wraps + ["0", "-0", "-0.0", "0.5", "1e22", "1E-5", "1234567890" * 3]
 
 
 def test_scanner_reads_numbers_of_every_length_as_json_does():
@@ -203,6 +204,8 @@ def test_scanner_reads_numbers_of_every_length_as_json_does():
     out = _kineto_scan.scan_events(text.encode())
     ts = np.frombuffer(out["ts"], np.float64).tolist()
     assert ts == [float(json.loads(t)) for t in texts]
+    signs = [math.copysign(1, float(json.loads(t))) for t in texts]  # "-0" is 0, "-0.0" is -0.0
+    assert [math.copysign(1, v) for v in ts] == signs
     types = np.frombuffer(out["arg_type"], np.uint8).tolist()
     vals = np.frombuffer(out["arg_val"], np.int64)
     for i, t in enumerate(texts):
@@ -214,6 +217,16 @@ def test_scanner_reads_numbers_of_every_length_as_json_does():
         else:  # T_BIGINT: the text itself
             assert types[i] == 7 and out["strings"][vals[i]] == t, t
             assert isinstance(value, int) and not -(2**63) <= value < 2**63, t
+    # As a tid, an integer is kept as its decimal text ("-0" as "0"), the others declined.
+    ints = [t for t in texts if isinstance(json.loads(t), int) and abs(json.loads(t)) < 2**63]
+    text = "[" + ",".join(f'{{"ph":"X","tid":{t}}}' for t in ints) + "]"
+    out = _kineto_scan.scan_events(text.encode())
+    tids = [out["strings"][i] for i in np.frombuffer(out["tid"], np.int32)]
+    assert tids == [str(json.loads(t)) for t in ints]
+    for t in texts:
+        if t not in ints:
+            with pytest.raises(_kineto_scan.Unsupported):
+                _kineto_scan.scan_events(f'[{{"ph":"X","tid":{t}}}]'.encode())
 
 
 def test_scanner_finds_every_string_end_wherever_it_falls():
