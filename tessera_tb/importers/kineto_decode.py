@@ -162,6 +162,9 @@ class RawTrace:
 # event at its end) at a time, never the whole text.
 READ_CHUNK = 1 << 20
 TEXT_CHUNK = 8 << 20
+# The first piece is smaller: reading starts sooner, and where two scanners share the text
+# (kineto_split_scan) the second starts after it.
+FIRST_TEXT_CHUNK = 1 << 20
 
 
 def iter_text(path: str) -> Iterator[bytes]:
@@ -196,6 +199,7 @@ def _gunzip_pieces(f, data: bytes) -> Iterator[bytes]:
     """Inflate gzip members from `data` and then the rest of file `f`, piece by piece.
     zlib checks each member's CRC and length as it ends."""
     d = deflate.decompressobj(wbits=31)
+    limit = min(FIRST_TEXT_CHUNK, TEXT_CHUNK)
     while True:
         if not data:
             data = f.read(READ_CHUNK)
@@ -211,7 +215,8 @@ def _gunzip_pieces(f, data: bytes) -> Iterator[bytes]:
                         raise zlib.error("data after the zero padding of the last member")
                 return
             d = deflate.decompressobj(wbits=31)
-        out = d.decompress(data, TEXT_CHUNK)
+        out = d.decompress(data, limit)
+        limit = TEXT_CHUNK
         # At a member's end the rest of the input is in unused_data (zlib leaves a copy
         # in unconsumed_tail too).
         data = b"" if d.eof else d.unconsumed_tail

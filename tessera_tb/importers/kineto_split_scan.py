@@ -31,7 +31,8 @@ import numpy as np
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
 from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS
 
-# A run for B starts once A is this far ahead (in bytes of text).
+# A and B take turns: each reads on until it is this far ahead of the other (in bytes of
+# text read in all).
 RUN_BYTES = 1 << 20
 # No run starts this close to the end of the text (where the members after the list are).
 TAIL_BYTES = 4 << 20
@@ -109,58 +110,58 @@ def scan_split(
     size, when known: no run starts or ends in its last TAIL_BYTES (the members after the
     events list hold lists of objects, whose commas look like boundaries).
 
-    A reads from the start. When A is ahead by RUN_BYTES or more, a run for B starts at the
-    next boundary and ends at the first boundary after B has caught up; the text after it
-    goes to A again. A run the text ends in is read by A instead (A stopped at its start,
-    and B's reading of it is dropped), so A always reads the end of the list and the
-    members after it."""
+    A reads the first piece (where the members before the events list are); from there on
+    A and B take turns, wherever the pieces end: each reads on until it has read RUN_BYTES
+    more than the other in all (A's count taking in the tail, which it reads alone at the
+    end), and hands over at the next boundary. So each reads about half of the text, at
+    once. A run
+    the text ends in is read by A instead (A stopped at its start, and B's reading of it is
+    dropped), so A always reads the end of the list and the members after it."""
     a = _Side(scanner_module, "tessera-scan-a")
     b = _Side(scanner_module, "tessera-scan-b")
     order: list[str] = []  # which side each batch came from, in text order
     b_runs = 0  # B's runs cut so far (the number of the open one)
     size = a_bytes = b_bytes = 0
-    run: list[memoryview] | None = None  # the text of B's open run
+    run: list[memoryview] | None = None  # the text of B's open run (B reads now)
+    budget = RUN_BYTES  # what the side reading now reads before it hands over
     last = None if text_bytes is None else text_bytes - TAIL_BYTES
+    tail = 0 if text_bytes is None else TAIL_BYTES  # read by A alone at the end, counted ahead
     try:
         for piece in pieces:
             start = size
             size += len(piece)
             view = memoryview(piece)
-            if run is None:
-                m = None
-                if start and a_bytes - b_bytes >= RUN_BYTES and (last is None or size <= last):
-                    m = _BOUNDARY.search(piece)
-                if m is None:
-                    a.put("feed", view, None)
-                    a_bytes += len(piece)
-                else:
-                    a.put("feed", view[: m.end()], None)
+            pos = 0
+            while pos < len(piece):
+                m = _handover(piece, start, pos, budget, last, run is not None)
+                if m is None:  # the side reading now reads the rest of the piece
+                    if run is None:
+                        a.put("feed", view[pos:], None)
+                        a_bytes += len(piece) - pos
+                    else:
+                        run.append(view[pos:])
+                        b.put("feed", run[-1], b_runs)
+                        b_bytes += len(piece) - pos
+                    budget -= len(piece) - pos
+                    break
+                if run is None:  # A hands over: it reads up to the event, B from it on
+                    a.put("feed", view[pos : m.end()], None)
                     a.put("cut", None)
                     order.append("a")
-                    run = [view[m.end() :]]
+                    a_bytes += m.end() - pos
+                    run = []
                     b.put("feed", b"," if b_runs else b"[", b_runs)
-                    b.put("feed", run[0], b_runs)
-                    a_bytes += m.end()
-                    b_bytes += len(piece) - m.end()
-            else:
-                m = _BOUNDARY.search(piece)
-                if (
-                    m is None
-                    or b_bytes + m.start() < a_bytes
-                    or (last is not None and start + m.start() > last)
-                ):
-                    run.append(view)
-                    b.put("feed", view, b_runs)
-                    b_bytes += len(piece)
-                else:
-                    b.put("feed", view[: m.start()], b_runs)
+                    budget = a_bytes + tail - b_bytes + RUN_BYTES
+                else:  # B hands back: it ends with an event, A reads on from the next
+                    run.append(view[pos : m.start()])
+                    b.put("feed", run[-1], b_runs)
                     b.put("cut", b_runs)
                     order.append("b")
+                    b_bytes += m.start() - pos
                     b_runs += 1
-                    a.put("feed", view[m.end() :], None)
-                    b_bytes += m.start()
-                    a_bytes += len(piece) - m.end()
                     run = None
+                    budget = b_bytes - (a_bytes + tail) + RUN_BYTES
+                pos = m.end()
             # B declining with no run open failed on a finished run; in an open one it may
             # be the run the text ends in (then dropped), so reading goes on.
             if a.error or b.error or a.declined or (b.declined and run is None):
@@ -182,6 +183,27 @@ def scan_split(
     if b.declined and len(b.batches) < b_runs:
         return None  # B could not read one of its runs
     return _merged(order, a, b), size
+
+
+def _handover(piece: bytes, start: int, pos: int, budget: int, last: int | None, b_reads: bool):
+    """The boundary in `piece` (which starts at byte `start` of the text) where the side
+    reading from `pos` on hands over, or None: the first one `budget` bytes on or later.
+    None in the first piece. A run neither starts nor ends past `last` (the tail): A starts
+    none with less than RUN_BYTES before it, and B hands back before it (or reads on)."""
+    if not start:
+        return None
+    at = pos + max(budget, 0)
+    stop = len(piece)
+    if last is not None:
+        room = last - start  # the tail starts at piece[room]
+        if b_reads:
+            at = max(pos, min(at, room - (64 << 10)))
+            stop = min(stop, room)
+        else:
+            stop = min(stop, room - RUN_BYTES)
+    if at >= stop:
+        return None
+    return _BOUNDARY.search(piece, at, stop)
 
 
 def _release_freed_memory() -> None:

@@ -98,6 +98,72 @@ def test_every_run_is_read_by_b_and_put_back_in_order(small_runs, monkeypatch):
     _assert_same_columns(got, _one_scanner(text))
 
 
+def _fed(monkeypatch) -> dict[str, int]:
+    """Bytes of text each side is fed (the "[" and "," that open B's runs left out)."""
+    fed = {"tessera-scan-a": 0, "tessera-scan-b": 0}
+    put = kineto_split_scan._Side.put
+
+    def spy(self, *op):
+        if op[0] == "feed" and not isinstance(op[1], bytes):  # not the b"[" or b","
+            fed[self._thread.name] += len(op[1])
+        return put(self, *op)
+
+    monkeypatch.setattr(kineto_split_scan._Side, "put", spy)
+    return fed
+
+
+@pytest.mark.parametrize("piece", [40_000, 1_000_000])
+def test_each_scanner_reads_about_half_of_the_text(small_runs, monkeypatch, piece):
+    """Turns are taken wherever the pieces end (several in one large piece), and A's count
+    takes in the tail it reads alone: each side reads about half of the text."""
+    monkeypatch.setattr(kineto_split_scan, "TAIL_BYTES", 1 << 20)  # a fifth of the text
+    text = _text(_files(DDP)[0])
+    fed = _fed(monkeypatch)
+    got, _ = kineto_split_scan.scan_split(_pieces(text, piece), SCAN, len(text))
+    a, b = fed["tessera-scan-a"], fed["tessera-scan-b"]
+    # No run dropped and read again (the separators where B hands back are read by neither).
+    assert 0.999 * len(text) < a + b <= len(text)
+    assert abs(a - b) < 0.05 * len(text), (a, b)
+    _assert_same_columns(got, _one_scanner(text))
+
+
+def test_no_run_starts_or_ends_in_the_tail(small_runs, monkeypatch):
+    """Members after the events list holding lists of objects (commas, newlines and braces
+    that look like boundaries) are read by A: with the text's size known, no run reaches
+    into its last TAIL_BYTES, so the split is not declined there. The list's last event is
+    long (100 kB): no boundary follows it before the tail, and B must not look for one in
+    the tail."""
+    text = _text(_files(DDP)[0])
+    end = text.rindex(b"]")  # the events list's end ("traceName" and others follow)
+    long_event = b',\n{"ph": "i", "name": "' + b"x" * 100_000 + b'"}\n'
+    members = b",\n".join(b'{"k": %d, "v": [1, 2]}' % i for i in range(400))
+    text = text[:end] + long_event + b'], "after": [\n' + members + b"\n]" + text[end + 1 :]
+    end += len(long_event)
+    assert 8 << 10 < len(text) - end < 16 << 10  # inside the tail, longer than a piece
+    fed = _fed(monkeypatch)
+    got, _ = kineto_split_scan.scan_split(_pieces(text, 7001), SCAN, len(text))
+    assert fed["tessera-scan-b"] > 0.4 * len(text)
+    _assert_same_columns(got, _one_scanner(text))
+
+
+def test_b_hands_back_before_the_tail_or_reads_on():
+    """Where no boundary lies between B's place and the tail, B reads on (its run is then
+    dropped at the end and read by A), rather than hand back in the tail; A starts no run
+    with less than RUN_BYTES before the tail."""
+    run = kineto_split_scan.RUN_BYTES
+    piece = b'{"ph": "X"},\n{"name": "' + b"y" * 5000 + b'"},\n{"ph": "X"}'
+    start = 1 << 20  # not the first piece
+    tail_at = 3000  # inside the long event: its end, and the boundary after it, are in the tail
+    last = start + tail_at
+    assert kineto_split_scan._handover(piece, start, 0, 0, last, True).start() == 11
+    assert kineto_split_scan._handover(piece, start, 20, 0, last, True) is None
+    assert kineto_split_scan._handover(piece, start, 20, 0, None, True).start() > tail_at
+    # A: the boundary at 11 (its brace at 13) is RUN_BYTES before the tail or it is not taken
+    assert kineto_split_scan._handover(piece, start, 0, 0, start + run + 14, False).start() == 11
+    assert kineto_split_scan._handover(piece, start, 0, 0, start + run + 13, False) is None
+    assert kineto_split_scan._handover(piece, 0, 0, 0, None, False) is None  # the first piece
+
+
 def _nested_trace(path: str, tmp_path) -> str:
     """A real trace written one value per line, every event's args holding a list whose
     second item is an object: a comma, a newline and a brace inside events, everywhere."""
