@@ -81,6 +81,9 @@ static inline int buf_put(Buf *b, const void *src, size_t n) {
 
 /* ------------------------------------------------------------------ string interner */
 
+#define RECENT_BITS 12
+#define RECENT_SLOTS (1 << RECENT_BITS)
+
 typedef struct {
     Buf arena;       /* the bytes of every distinct string */
     Buf offs;        /* size_t offset of string i in the arena */
@@ -89,6 +92,7 @@ typedef struct {
     uint64_t *hashes;
     size_t mask;
     int32_t count;
+    int32_t recent[RECENT_SLOTS]; /* a string id by quick_hash, -1 for none (see intern) */
 } Interner;
 
 /* The hash of s[0:n]: eight bytes at a time, the last few as one word of their own (read
@@ -127,21 +131,36 @@ static uint64_t hash_bytes(const char *s, size_t n) {
     return h;
 }
 
-/* s[0:n] == t[0:n], for the short strings the interner mostly compares (no call). */
+/* s[0:n] == t[0:n], for the short strings the interner mostly compares (no call): eight
+ * bytes at a time, the last few as a word that overlaps the ones before. */
 static inline int same_bytes(const char *s, const char *t, size_t n) {
-    for (; n >= 8; s += 8, t += 8, n -= 8) {
-        uint64_t a, b;
-        memcpy(&a, s, 8);
-        memcpy(&b, t, 8);
-        if (a != b) return 0;
+    uint64_t a, b;
+    if (n >= 8) {
+        for (size_t i = 0; i + 8 < n; i += 8) {
+            memcpy(&a, s + i, 8);
+            memcpy(&b, t + i, 8);
+            if (a != b) return 0;
+        }
+        memcpy(&a, s + n - 8, 8);
+        memcpy(&b, t + n - 8, 8);
+        return a == b;
     }
-    while (n--)
-        if (*s++ != *t++) return 0;
+    if (n >= 4) {
+        uint32_t x, y, u, v;
+        memcpy(&x, s, 4);
+        memcpy(&y, t, 4);
+        memcpy(&u, s + n - 4, 4);
+        memcpy(&v, t + n - 4, 4);
+        return x == y && u == v;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != t[i]) return 0;
     return 1;
 }
 
 static int interner_init(Interner *in) {
     memset(in, 0, sizeof *in);
+    memset(in->recent, 0xFF, sizeof in->recent);
     in->mask = 4096 - 1;
     in->table = calloc(in->mask + 1, sizeof(int32_t));
     in->hashes = calloc(in->mask + 1, sizeof(uint64_t));
@@ -180,8 +199,8 @@ static int interner_grow(Interner *in) {
     return 0;
 }
 
-/* The id of string s[0:n], adding it if new; -1 when out of memory. */
-static int32_t intern(Interner *in, const char *s, size_t n) {
+/* The id of string s[0:n] in the table, adding it if new; -1 when out of memory. */
+static int32_t intern_table(Interner *in, const char *s, size_t n) {
     uint64_t h = hash_bytes(s, n);
     size_t j = h & in->mask;
     const size_t *offs = (const size_t *)in->offs.p;
@@ -201,6 +220,41 @@ static int32_t intern(Interner *in, const char *s, size_t n) {
     in->table[j] = id + 1;
     in->hashes[j] = h;
     if ((size_t)in->count * 2 > in->mask && interner_grow(in)) return -1;
+    return id;
+}
+
+/* A slot of in->recent for s[0:n], from its first and last bytes and its length only. */
+static inline size_t quick_hash(const char *s, size_t n) {
+    uint64_t a = 0, b = 0;
+    if (n >= 8) {
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+    } else if (n >= 4) {
+        uint32_t lo, hi;
+        memcpy(&lo, s, 4);
+        memcpy(&hi, s + n - 4, 4);
+        a = lo, b = hi;
+    } else if (n) {
+        a = (uint64_t)(unsigned char)s[0] | ((uint64_t)(unsigned char)s[n / 2] << 8) |
+            ((uint64_t)(unsigned char)s[n - 1] << 16);
+    }
+    uint64_t h = (a * 0x9E3779B97F4A7C15ULL) ^ (b * 0xC2B2AE3D27D4EB4FULL) ^ (uint64_t)n;
+    return (size_t)(h >> (64 - RECENT_BITS));
+}
+
+/* The id of string s[0:n], adding it if new; -1 when out of memory. A trace repeats a few
+ * thousand strings (names, keys, shapes) hundreds of thousands of times: the last string
+ * seen in each of in->recent's slots is checked first, by a hash of a few of its bytes,
+ * before the full hash of every byte and the table. A string in no slot, or not the one in
+ * its slot, is looked up in the table as before; only the time differs, never the id. */
+static int32_t intern(Interner *in, const char *s, size_t n) {
+    const size_t *offs = (const size_t *)in->offs.p;
+    const size_t *lens = (const size_t *)in->lens.p;
+    size_t slot = quick_hash(s, n);
+    int32_t seen = in->recent[slot];
+    if (seen >= 0 && lens[seen] == n && same_bytes(in->arena.p + offs[seen], s, n)) return seen;
+    int32_t id = intern_table(in, s, n);
+    if (id >= 0) in->recent[slot] = id;
     return id;
 }
 
@@ -1195,6 +1249,7 @@ static void stream_undo(Scan *s, const Mark *m) {
     Interner *in = &s->strs;
     if (in->count == m->strings) return;
     in->count = m->strings;
+    memset(in->recent, 0xFF, sizeof in->recent); /* they may name the strings dropped */
     in->arena.len = m->arena;
     in->offs.len = in->lens.len = (size_t)m->strings * sizeof(size_t);
     memset(in->table, 0, (in->mask + 1) * sizeof(int32_t));

@@ -176,6 +176,29 @@ def test_scanner_checks_numbers_inside_nested_values(number):
     assert fine["strings"][np.frombuffer(fine["arg_val"], np.int64)[0]] == "[1,1e300,-0.5E-3]"
 
 
+def test_scanner_tells_apart_strings_that_share_their_ends():
+    """Strings of one length that share their first and last bytes (the few bytes the
+    interner's first check hashes), and more short strings than it has places, keep ids of
+    their own: thousands of them, of lengths 1 to 40, each read twice, in an order that
+    mixes them."""
+    import random
+
+    from tessera_tb.importers import _kineto_scan
+
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789"
+    names = [a + b + c for a in chars for b in chars for c in ("", *chars[:4])] + list(chars)
+    names += [f"abcd{i:03x}"[: 4 + k] for k in (0, 1, 2, 3) for i in range(4096)]
+    names += [f"head-of-a-name:{i:06d}:{'m' * k}tail-end" for k in range(12) for i in range(300)]
+    names = list(dict.fromkeys(names))
+    order = names * 2
+    random.Random(7).shuffle(order)
+    text = "[" + ",".join(f'{{"ph":"X","name":"{n}"}}' for n in order) + "]"
+    out = _kineto_scan.scan_events(text.encode())
+    got = [out["strings"][i] for i in np.frombuffer(out["name"], np.int32)]
+    assert got == order
+    assert len(out["strings"]) == len(names) + 2  # "" and "X"
+
+
 def _number_texts() -> list[str]:
     """Integers and decimals of 1 to 24 digits in each part (the scanner's mantissa holds 19
     digits; past that it takes the value from the text), with signs, exponents and leading
