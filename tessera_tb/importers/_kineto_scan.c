@@ -671,6 +671,82 @@ static int skip_value(Scan *s, int depth) {
     return skip_number(s);
 }
 
+/* A nested argument value (s->p at its '[' or '{') checked in one loop, without a call per
+ * element: 1 when it is valid JSON with no whitespace, no escapes and no exponents, up to
+ * 63 levels deep (s->p then after it); 0 for anything else, valid or not, which skip_value
+ * then reads from the start and decides. So this never refuses what skip_value takes, and
+ * takes only what it takes. */
+static int skip_compact(Scan *s) {
+    const char *p = s->p, *end = s->end;
+    uint64_t objects = 0; /* bit 0: the innermost open container is an object, and so on */
+    int depth = 0;
+    for (;;) { /* at a value */
+        if (p >= end) return 0;
+        char c = *p;
+        if (c == '[' || c == '{') {
+            if (++p >= end) return 0;
+            if (*p == (c == '[' ? ']' : '}')) { /* empty */
+                p++;
+                goto after;
+            }
+            if (depth == 63) return 0;
+            depth++;
+            objects = (objects << 1) | (c == '{');
+            if (c == '[') continue;
+            goto key;
+        }
+        if (c == '"') {
+            const char *q = plain_end(p + 1, end);
+            if (q >= end || *q != '"') return 0;
+            p = q + 1;
+        } else if (c == 't' || c == 'f' || c == 'n') {
+            const char *lit = c == 't' ? "true" : c == 'f' ? "false" : "null";
+            size_t n = c == 'f' ? 5 : 4;
+            if ((size_t)(end - p) < n || memcmp(p, lit, n) != 0) return 0;
+            p += n;
+        } else {
+            const char *q = p;
+            if (*q == '-') q++;
+            if (q >= end || !IS_DIGIT(*q)) return 0;
+            if (*q == '0') q++;
+            else
+                while (q < end && IS_DIGIT(*q)) q++;
+            if (q < end && *q == '.') {
+                if (++q >= end || !IS_DIGIT(*q)) return 0;
+                while (q < end && IS_DIGIT(*q)) q++;
+            }
+            if (q - p > MAX_NUMBER_CHARS) return 0; /* an exponent: the next test fails */
+            p = q;
+        }
+    after: /* after a value */
+        if (depth == 0) {
+            s->p = p;
+            return 1;
+        }
+        if (p >= end) return 0;
+        if (*p == ',') {
+            p++;
+            if (!(objects & 1)) continue;
+        } else if (*p == ((objects & 1) ? '}' : ']')) {
+            p++;
+            depth--;
+            objects >>= 1;
+            goto after;
+        } else {
+            return 0;
+        }
+    key: /* at an object's key */
+        if (p >= end || *p != '"') return 0;
+        {
+            const char *q = plain_end(p + 1, end);
+            if (q >= end || *q != '"') return 0;
+            p = q + 1;
+        }
+        if (p >= end || *p != ':') return 0;
+        p++;
+    }
+}
+
 /* Skip one JSON value and append its text to `raw` without insignificant whitespace: for a
  * nested argument value written with spaces (skip_value reads the compact ones). */
 static int copy_compact(Scan *s, int depth, Buf *raw) {
@@ -813,7 +889,7 @@ static int read_args(Scan *s) {
             /* Kept as its compact text: the text as written, where it has no spaces. */
             const char *start = s->p;
             s->spaced = 0;
-            if (skip_value(s, 1)) return -1;
+            if (!skip_compact(s) && skip_value(s, 1)) return -1;
             const char *text = start;
             size_t len = (size_t)(s->p - start);
             if (s->spaced) {

@@ -164,6 +164,138 @@ def test_scanner_keeps_nested_values_as_their_compact_text():
             assert out["strings"][vals[0]] == compact, written
 
 
+def _random_value(rng, depth: int = 0):
+    """A random JSON value of the kinds argument lists hold: nested lists and objects (empty
+    ones too), integers, decimals, some with exponents, strings, some with escapes, and
+    the three literals."""
+    kind = rng.randrange(9 if depth < 6 else 5)
+    if kind == 0:
+        return rng.choice([0, -1, 7, 4096, -(2**40), 10**18])
+    if kind == 1:
+        return rng.choice([0.5, -2.25, 1e-5, 3e20, 1.5e300])
+    if kind == 2:
+        return rng.choice(["", "a b", "[1024, 4096]", 'q"q', "c10::BFloat16", "\u00e9\n"])
+    if kind == 3:
+        return rng.choice([True, False, None])
+    if kind == 4:
+        return []
+    if kind in (5, 6):
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {f"k{i}": _random_value(rng, depth + 1) for i in range(rng.randrange(4))}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        '{"a":1,2}',
+        "[1,]",
+        "[,1]",
+        '{"a"}',
+        '{"a":}',
+        "{1:2}",
+        "[1:2]",
+        '{"a":1]',
+        "[1}",
+        "[[1]",
+        '["a"1]',
+        "[01]",
+        "[1.]",
+        "[-]",
+        "[.5]",
+        "[tru]",
+        "[nul]",
+        '{"a":1,}',
+        '{,"a":1}',
+        '[1,{"a":[}]',
+        '[{"a":1}{"b":2}]',
+        '["a\x01"]',
+        "[" * 70 + "]" * 69,
+        '["a\x01,1]',
+        '["a\\,1]',
+        '{"a":' * 65 + "1" + "}" * 64 + "]",
+    ],
+)
+def test_scanner_declines_damaged_nested_values(value):
+    from tessera_tb.importers import _kineto_scan
+
+    with pytest.raises(_kineto_scan.Unsupported):
+        _kineto_scan.scan_events(b'[{"ph":"X","args":{"v":' + value.encode() + b',"w":1}}]')
+
+
+def _numbers(value) -> list:
+    """The absolute values of the numbers in a decoded JSON value."""
+    if isinstance(value, list):
+        return [n for v in value for n in _numbers(v)]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in _numbers(v)]
+    return [abs(value)] if isinstance(value, (int, float)) and not isinstance(value, bool) else []
+
+
+def _without_spaces(text: bytes) -> str:
+    """JSON text with the whitespace outside its strings dropped (strings kept as written)."""
+    out, in_string, escaped = [], False, False
+    for ch in text.decode():
+        if in_string:
+            in_string = escaped or ch != '"'
+            escaped = not escaped and ch == "\\"
+        elif ch in " \t\r\n":
+            continue
+        else:
+            in_string = ch == '"'
+        out.append(ch)
+    return "".join(out)
+
+
+def test_scanner_reads_nested_values_as_json_does():
+    """Random nested argument values, written compactly and then damaged (a byte changed,
+    added or cut): the scanner takes exactly the texts json takes, keeping each as its
+    compact text, and reads the member after it right."""
+    import random
+
+    from tessera_tb.importers import _kineto_scan
+
+    rng = random.Random(20261127)
+    taken = 0
+    for _ in range(3000):
+        value = _random_value(rng)
+        if not isinstance(value, (list, dict)):
+            value = [value]
+        text = bytearray(json.dumps(value, separators=(",", ":")).encode())
+        for _ in range(rng.randrange(3)):
+            pos = rng.randrange(len(text) + 1)
+            what = rng.randrange(3)
+            byte = rng.choice(b'{}[]",:0123456789.eE-+tfnul ')
+            if what == 0 and pos < len(text):
+                text[pos] = byte
+            elif what == 1:
+                text.insert(pos, byte)
+            else:
+                del text[pos : pos + 1]
+        event = b'[{"ph":"X","args":{"v":' + bytes(text) + b',"w":1}}]'
+        try:
+            whole = json.loads(event)
+        except ValueError:
+            want = None
+        else:
+            args = whole[0].get("args") if isinstance(whole, list) and whole else None
+            want = args.get("v") if isinstance(args, dict) and args.get("w") == 1 else None
+            if not isinstance(want, (list, dict)) or math.inf in _numbers(want):
+                continue  # damaged into another shape, or a number json reads as infinite
+        try:
+            out = _kineto_scan.scan_events(event)
+        except _kineto_scan.Unsupported:
+            assert want is None, event
+            continue
+        assert want is not None, event
+        types = np.frombuffer(out["arg_type"], np.uint8).tolist()
+        vals = np.frombuffer(out["arg_val"], np.int64).tolist()
+        assert types == [6, 3] and vals[1] == 1, event
+        stored = out["strings"][vals[0]]
+        assert stored == _without_spaces(bytes(text)) and json.loads(stored) == want, event
+        taken += 1
+    assert 1000 < taken < 3000  # most values read, and some damage declined
+
+
 @pytest.mark.parametrize("number", ["1e400", "-1E+309", "1" * 97, "0" + "1", "1.", "-", "1.e5"])
 def test_scanner_checks_numbers_inside_nested_values(number):
     """Numbers in a nested value are checked as the event's own numbers are, though their
