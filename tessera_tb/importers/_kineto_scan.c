@@ -44,6 +44,7 @@ enum { T_NULL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STR = 5, T
 #define MAX_DEPTH 512
 #define MAX_NUMBER_CHARS 96
 #define MAX_ARGS_PER_EVENT 4096
+#define KEY_MEMO 32
 
 static PyObject *Unsupported;
 
@@ -271,6 +272,12 @@ typedef struct {
     Buf key_sids;    /* int32 per dense key number: its string id */
     Buf key_start;   /* int64 per key, and one more: where its arguments start once grouped */
     int32_t arg_keys_seen[MAX_ARGS_PER_EVENT];
+    /* The i-th args key of the last event that had one there (string id, dense key number;
+     * sid -1 for none): events of a kind list their keys in one order, so a key is mostly
+     * the one before at its place, found by one compare instead of the interner. */
+    struct {
+        int32_t sid, key;
+    } key_memo[KEY_MEMO];
     int64_t n;
     int32_t zero_id;
     char why[160]; /* set when the input is not read here */
@@ -849,13 +856,35 @@ static int32_t dense_key(Scan *s, int32_t sid) {
     return map[sid];
 }
 
-static int add_arg(Scan *s, int32_t key_sid, uint8_t type, int64_t val) {
+/* One argument of the event being read, under dense key number `key`. */
+static int add_arg(Scan *s, int32_t key, uint8_t type, int64_t val) {
     int32_t ev = (int32_t)s->n;
-    int32_t key = dense_key(s, key_sid);
-    if (key < 0) return s->nomem = 1, -1;
     if (buf_put(&s->arg_ev, &ev, 4) || buf_put(&s->arg_key, &key, 4) ||
         buf_put(&s->arg_type, &type, 1) || buf_put(&s->arg_val, &val, 8))
         return s->nomem = 1, -1;
+    return 0;
+}
+
+/* The args key at s->p: its string id and dense key number. */
+static int read_arg_key(Scan *s, int place, int32_t *sid, int32_t *key) {
+    const char *k;
+    size_t kn;
+    if (read_string(s, &k, &kn)) return -1;
+    if (place < KEY_MEMO && s->key_memo[place].sid >= 0) {
+        const Interner *in = &s->strs;
+        int32_t m = s->key_memo[place].sid;
+        if (((const size_t *)in->lens.p)[m] == kn &&
+            same_bytes(in->arena.p + ((const size_t *)in->offs.p)[m], k, kn)) {
+            *sid = m;
+            *key = s->key_memo[place].key;
+            return 0;
+        }
+    }
+    *sid = intern(&s->strs, k, kn);
+    if (*sid < 0) return s->nomem = 1, -1;
+    *key = dense_key(s, *sid);
+    if (*key < 0) return s->nomem = 1, -1;
+    if (place < KEY_MEMO) s->key_memo[place].sid = *sid, s->key_memo[place].key = *key;
     return 0;
 }
 
@@ -870,12 +899,12 @@ static int read_args(Scan *s) {
     while (1) {
         skip_ws(s);
         if (s->p >= s->end || *s->p != '"') return fail(s, "expected an args key");
-        int32_t key;
-        if (intern_string(s, &key)) return -1;
+        int32_t sid, key;
+        if (read_arg_key(s, nkeys, &sid, &key)) return -1;
         for (int i = 0; i < nkeys; i++)
-            if (s->arg_keys_seen[i] == key) return fail(s, "repeated key in args");
+            if (s->arg_keys_seen[i] == sid) return fail(s, "repeated key in args");
         if (nkeys == MAX_ARGS_PER_EVENT) return fail(s, "too many args");
-        s->arg_keys_seen[nkeys++] = key;
+        s->arg_keys_seen[nkeys++] = sid;
         skip_ws(s);
         if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
         s->p++;
@@ -1322,6 +1351,7 @@ static void stream_undo(Scan *s, const Mark *m) {
     for (size_t k = m->key_sids / sizeof(int32_t); k < s->key_sids.len / sizeof(int32_t); k++)
         map[sids[k]] = -1;
     s->key_sids.len = m->key_sids;
+    memset(s->key_memo, 0xFF, sizeof s->key_memo); /* they may name keys or strings undone */
     Interner *in = &s->strs;
     if (in->count == m->strings) return;
     in->count = m->strings;
@@ -1597,6 +1627,7 @@ static PyObject *scan_events(PyObject *Py_UNUSED(self), PyObject *arg) {
         PyErr_NoMemory();
         goto done;
     }
+    memset(s->key_memo, 0xFF, sizeof s->key_memo);
     s->base = s->p = view.buf;
     s->end = s->base + view.len;
     int ok = intern(&s->strs, "", 0) == 0;
@@ -1665,6 +1696,7 @@ static int Scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds) {
     }
     self->st->window = (size_t)window;
     Scan *s = &self->st->s;
+    memset(s->key_memo, 0xFF, sizeof s->key_memo);
     s->events_start = s->events_end = -1;
     if (intern(&s->strs, "", 0) != 0 || (s->zero_id = intern(&s->strs, "0", 1)) != 1) {
         PyErr_NoMemory();

@@ -331,6 +331,33 @@ def test_scanner_tells_apart_strings_that_share_their_ends():
     assert len(out["strings"]) == len(names) + 2  # "" and "X"
 
 
+def test_scanner_keys_arguments_by_their_own_key_in_any_order():
+    """Args keys are mostly the keys of the event before, at the same place; where they are
+    not (another order, another kind of event, the empty key first, a key with an escape),
+    each argument still goes under its own key."""
+    from tessera_tb.importers import _kineto_scan
+
+    events = [
+        {"ph": "X", "args": {"": 1, "a": 2}},
+        {"ph": "X", "args": {"a": 3, "": 4}},
+        {"ph": "X", "args": {"a": 5, "b": 6, "c": 7}},
+        {"ph": "X", "args": {"b": 8, "a": 9}},
+        {"ph": "X", "args": {"c\u00e9": 10, "a": 11}},
+        {"ph": "X", "args": {"c\u00e9": 12, "c": 13}},
+    ]
+    want = sorted((i, k, v) for i, e in enumerate(events) for k, v in e["args"].items())
+    scanner = _kineto_scan.Scanner()
+    scanner.feed(json.dumps(events).encode())
+    for out in (_scan_one(events), scanner.finish()):  # one call, and fed
+        strings = out["strings"]
+        key_sid = np.frombuffer(out["arg_key_sid"], np.int32)
+        counts = np.diff(np.frombuffer(out["arg_key_start"], np.int64))
+        keys = [strings[k] for k in np.repeat(key_sid, counts)]
+        ev = np.frombuffer(out["arg_ev"], np.int32).tolist()
+        vals = np.frombuffer(out["arg_val"], np.int64).tolist()
+        assert sorted(zip(ev, keys, vals)) == want
+
+
 def _number_texts() -> list[str]:
     """Integers and decimals of 1 to 24 digits in each part (the scanner's mantissa holds 19
     digits; past that it takes the value from the text), with signs, exponents and leading
