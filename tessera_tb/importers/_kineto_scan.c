@@ -303,6 +303,13 @@ static inline void skip_ws(Scan *s) {
     while (s->p < s->end && (unsigned char)*s->p <= ' ' && IS_WS(*s->p)) s->p++;
 }
 
+/* skip_ws, for the places where compact text has no whitespace: one test when there is
+ * none (the byte there is a token's, above ' '). */
+#define SKIP_WS_LIKELY_NONE(s)                                                          \
+    do {                                                                                \
+        if ((s)->p < (s)->end && (unsigned char)*(s)->p <= ' ') skip_ws(s);             \
+    } while (0)
+
 static int hexval(char c) {
     if (c >= '0' && c <= '9') return c - '0';
     if (c >= 'a' && c <= 'f') return c - 'a' + 10;
@@ -826,7 +833,7 @@ static int copy_compact(Scan *s, int depth, Buf *raw) {
 /* After a member or an element: 1 when a ',' follows (another one comes), 0 at `close`
  * (consumed), -1 on anything else. */
 static inline int after_item(Scan *s, char close, const char *what) {
-    skip_ws(s);
+    SKIP_WS_LIKELY_NONE(s);
     if (s->p >= s->end) return fail(s, "unexpected end of data");
     if (*s->p == ',') {
         s->p++;
@@ -897,7 +904,7 @@ static int read_args(Scan *s) {
     }
     int nkeys = 0;
     while (1) {
-        skip_ws(s);
+        SKIP_WS_LIKELY_NONE(s);
         if (s->p >= s->end || *s->p != '"') return fail(s, "expected an args key");
         int32_t sid, key;
         if (read_arg_key(s, nkeys, &sid, &key)) return -1;
@@ -905,10 +912,10 @@ static int read_args(Scan *s) {
             if (s->arg_keys_seen[i] == sid) return fail(s, "repeated key in args");
         if (nkeys == MAX_ARGS_PER_EVENT) return fail(s, "too many args");
         s->arg_keys_seen[nkeys++] = sid;
-        skip_ws(s);
+        SKIP_WS_LIKELY_NONE(s);
         if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
         s->p++;
-        skip_ws(s);
+        SKIP_WS_LIKELY_NONE(s);
         if (s->p >= s->end) return fail(s, "unexpected end of data");
         char c = *s->p;
         if (c == '"') {
@@ -1076,7 +1083,7 @@ static int read_event(Scan *s) {
         s->p++;
     } else {
         while (1) {
-            skip_ws(s);
+            SKIP_WS_LIKELY_NONE(s);
             if (s->p >= s->end || *s->p != '"') return fail(s, "expected a key");
             const char *k;
             size_t kn;
@@ -1084,10 +1091,10 @@ static int read_event(Scan *s) {
             /* Known before the value is read: reading it may reuse scratch, where a key
              * with escapes was decoded. */
             int field = field_of(k, kn);
-            skip_ws(s);
+            SKIP_WS_LIKELY_NONE(s);
             if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
             s->p++;
-            skip_ws(s);
+            SKIP_WS_LIKELY_NONE(s);
             if (s->p >= s->end) return fail(s, "unexpected end of data");
             char c = *s->p;
             switch (field) {
