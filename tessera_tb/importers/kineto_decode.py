@@ -436,7 +436,14 @@ def read_trace(path: str) -> RawTrace:
                 )
                 if split is not None:
                     return _scanned(path, *split)
-        scan, size = _scan(_prefetched(iter_text(path)))
-        if scan is not None:
-            return _scanned(path, scan, size)
+            # A text of one piece has nothing to read ahead: no thread for it.
+            pieces = iter_text(path)
+            if text_bytes > FIRST_TEXT_CHUNK:
+                pieces = _prefetched(pieces)
+            try:
+                scan, size = _scan(pieces)
+            finally:
+                pieces.close()  # a scanner that declined leaves it unfinished: stop its thread
+            if scan is not None:
+                return _scanned(path, scan, size)
     return _pure(path, read_bytes(path))

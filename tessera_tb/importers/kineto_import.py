@@ -321,6 +321,36 @@ class StepWriterThread:
             raise self._error
 
 
+class StepWriterInline:
+    """StepWriterThread's face, for a span of few events: each step encoded and written
+    when put, in the caller's thread. Starting and joining threads would cost more than
+    its steps take (the same bytes either way)."""
+
+    def __init__(self, write: Callable[[StepData, bytes], object], encode) -> None:
+        self._write = write
+        self._encode = encode
+
+    def put(self, step: StepData) -> None:
+        self._write(step, self._encode(step))
+
+    def __enter__(self) -> StepWriterInline:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        pass
+
+
+# A span of fewer events than this is written by StepWriterInline.
+INLINE_SPAN_EVENTS = 20_000
+
+
+def step_writer(write, encode, event_count: int) -> StepWriterThread | StepWriterInline:
+    """The writer for a span's steps: threads for a large span, none for a small one."""
+    if event_count < INLINE_SPAN_EVENTS:
+        return StepWriterInline(write, encode)
+    return StepWriterThread(write, encode, encoders=encoder_threads())
+
+
 def encoder_threads() -> int:
     """Threads that encode one worker's steps at once: two where there are two CPUs or
     more (compression runs beside the cutting of the next step), else one."""
@@ -362,7 +392,7 @@ def _import_worker(
         # Steps are encoded (compressed) in threads, two at once on two CPUs, and saved in
         # order while the next one is cut from the span's columns; memory holds the span's
         # columns and at most four steps.
-        with StepWriterThread(writer.write_step, encode_step, encoders=encoder_threads()) as out:
+        with step_writer(writer.write_step, encode_step, span.event_count) as out:
             for step in span.steps:
                 # A count per kind code, not a set of every event's kind (14 us, not 117, for a
                 # step of 5,670 events).

@@ -24,6 +24,8 @@ DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
 
 @pytest.mark.parametrize("encoders", [2, 3])
 def test_steps_encoded_in_threads_are_the_same_files(encoders, tmp_path, monkeypatch):
+    monkeypatch.setattr(kineto_import, "INLINE_SPAN_EVENTS", 0)  # threads for every span
+    monkeypatch.setattr(kineto_import, "encoder_threads", lambda: 1)
     one = import_traces([DDP, STACK], str(tmp_path / "a"), "r", jobs=1)
     monkeypatch.setattr(kineto_import, "encoder_threads", lambda: encoders)
     many = import_traces([DDP, STACK], str(tmp_path / "b"), "r", jobs=1)
@@ -31,6 +33,25 @@ def test_steps_encoded_in_threads_are_the_same_files(encoders, tmp_path, monkeyp
     a, b = _run_files(one.run_dir), _run_files(many.run_dir)
     assert len(a) == 2 * 4 + 3 + 3  # 3 steps + meta of 2 ranks, 2 steps + meta, 3 event files
     assert_same_files(a, b)
+
+
+def test_a_small_span_is_written_without_threads_to_the_same_files(tmp_path, monkeypatch):
+    """Spans of fewer than INLINE_SPAN_EVENTS events are encoded and written in the calling
+    thread (no thread is started for them); the files are those the threads write."""
+    started = []
+    real_start = threading.Thread.start
+
+    def spy(self):
+        started.append(self.name)
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", spy)
+    inline = import_traces([DDP, STACK], str(tmp_path / "a"), "r", jobs=1)
+    assert not [n for n in started if n.startswith(("tessera-encode", "tessera-write"))]
+    monkeypatch.setattr(kineto_import, "INLINE_SPAN_EVENTS", 0)
+    threaded = import_traces([DDP, STACK], str(tmp_path / "b"), "r", jobs=1)
+    assert [n for n in started if n.startswith("tessera-write")]
+    assert_same_files(_run_files(inline.run_dir), _run_files(threaded.run_dir))
 
 
 def _steps(n: int) -> list:
