@@ -41,6 +41,13 @@
 /* Argument type codes (kineto_columns.py mirrors them). */
 enum { T_NULL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STR = 5, T_RAW = 6, T_BIGINT = 7 };
 
+/* For the few small functions of the hot path that the compiler would otherwise call. */
+#if defined(__GNUC__)
+#define ALWAYS_INLINE inline __attribute__((always_inline))
+#else
+#define ALWAYS_INLINE inline
+#endif
+
 #define MAX_DEPTH 512
 #define MAX_NUMBER_CHARS 96
 #define MAX_ARGS_PER_EVENT 4096
@@ -282,7 +289,6 @@ typedef struct {
     int32_t zero_id;
     char why[160]; /* set when the input is not read here */
     int nomem;
-    int spaced; /* skip_value met insignificant whitespace */
     PyThreadState *unlocked; /* the GIL is released while scanning */
     int64_t events_start, events_end; /* the traceEvents list's byte range */
     Buf top;                          /* int64 (key id, start, end) per other top-level member */
@@ -456,38 +462,72 @@ static int intern_string(Scan *s, int32_t *id) {
 /* A byte that is an ASCII digit. */
 #define IS_DIGIT(c) ((unsigned)((unsigned char)(c) - '0') <= 9)
 
-/* Digits from q on into mant: `room` more of them unchecked, then each checked against
- * overflow (which, once set, stops taking digits, as the caller expects); `counted` runs
- * for every digit taken. */
-#define TAKE_DIGITS(q, end, mant, room, overflow, counted)                            \
-    do {                                                                              \
-        const char *from_ = (q);                                                      \
-        const char *lim_ = (end) - (q) > (room) ? (q) + (room) : (end);               \
-        while ((q) < lim_ && IS_DIGIT(*(q))) {                                        \
-            (mant) = (mant) * 10 + (uint64_t)(*(q) - '0');                            \
-            counted;                                                                  \
-            (q)++;                                                                    \
-        }                                                                             \
-        (room) -= (int)((q) - from_);                                                 \
-        while ((q) < (end) && IS_DIGIT(*(q))) {                                       \
-            if ((mant) > (UINT64_MAX - 9) / 10) {                                     \
-                (overflow) = 1;                                                       \
-            } else {                                                                  \
-                (mant) = (mant) * 10 + (uint64_t)(*(q) - '0');                        \
-                counted;                                                              \
-            }                                                                         \
-            (q)++;                                                                    \
-        }                                                                             \
-    } while (0)
-
 enum { NUM_INT, NUM_FLOAT, NUM_BIG };
 
 static const double POW10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
                                1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
 
+/* The common numbers, read inline: an optional '-', an integer part without leading zeros,
+ * an optional fraction, no exponent, at most 19 digits taken into the mantissa in all (so
+ * it cannot overflow) and a byte after it within the text. Returns the end of the number,
+ * with *mant its digits and *frac the number of fraction digits (-1: an integer), or NULL
+ * for any other text: read_number then reads it, or names the problem. The values callers
+ * make of these are the ones read_number makes of the same text. */
+static inline const char *simple_number(const char *q, const char *end, uint64_t *mant,
+                                        int *frac, int *neg) {
+    *neg = q < end && *q == '-';
+    q += *neg;
+    if (q >= end || !IS_DIGIT(*q)) return NULL;
+    uint64_t m = 0;
+    int room = 19; /* digits the mantissa can still take */
+    if (*q == '0') {
+        q++;
+    } else {
+        const char *from = q, *lim = end - q > room ? q + room : end;
+        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
+        room -= (int)(q - from);
+    }
+    if (q >= end) return NULL;
+    int f = -1;
+    if (*q == '.') {
+        const char *from = ++q, *lim = end - q > room ? q + room : end;
+        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
+        f = (int)(q - from);
+        if (f == 0 || q >= end) return NULL;
+    }
+    /* a digit here: more than the mantissa takes (or a leading zero's next digit) */
+    if (IS_DIGIT(*q) || *q == 'e' || *q == 'E') return NULL;
+    *mant = m;
+    *frac = f;
+    return q;
+}
+
+/* A common number at s->p (simple_number's), with the value read_number gives it: 1 with
+ * s->p after it and the value in *iv (*is_float 0: an integer within int64) or *dv
+ * (*is_float 1), 0 (s->p unmoved) where read_number must read it. */
+static ALWAYS_INLINE int quick_number(Scan *s, int *is_float, int64_t *iv, double *dv) {
+    uint64_t m;
+    int frac, neg;
+    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
+    if (!q) return 0;
+    if (frac < 0) {
+        if (m > (uint64_t)INT64_MAX) return 0;
+        *iv = neg ? -(int64_t)m : (int64_t)m;
+    } else {
+        /* both exact doubles (frac <= 19): one correctly rounded divide, as read_number */
+        if (m > (1ULL << 53)) return 0;
+        double d = (double)m / POW10[frac];
+        *dv = neg ? -d : d;
+    }
+    *is_float = frac >= 0;
+    s->p = q;
+    return 1;
+}
+
 /* A JSON number at s->p. NUM_INT: *iv holds it; NUM_FLOAT: *dv; NUM_BIG: an integer beyond
- * int64 (dv holds it as a double). text and tlen: its text. */
+ * int64 (dv holds it as a double). text and tlen: its text. Where numbers are common (ts,
+ * dur, pid, tid, arguments) quick_number reads them first. */
 static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char **text,
                        size_t *tlen) {
     const char *q = s->p, *start = s->p, *end = s->end;
@@ -496,20 +536,25 @@ static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char *
     if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
     uint64_t mant = 0;
     int overflow = 0;
-    /* The first 19 digits taken into the mantissa cannot overflow it (10**19 - 1 fits in
-     * 64 bits), so they go without the check; past them each digit is checked. */
-    int room = 19;
     if (*q == '0') {
         q++;
     } else {
-        TAKE_DIGITS(q, end, mant, room, overflow, (void)0);
+        while (q < end && IS_DIGIT(*q)) {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else mant = mant * 10 + (uint64_t)(*q - '0');
+            q++;
+        }
     }
     int frac_digits = 0, is_float = 0, exp_val = 0;
     if (q < s->end && *q == '.') {
         is_float = 1;
         q++;
         if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
-        TAKE_DIGITS(q, end, mant, room, overflow, frac_digits++);
+        while (q < end && IS_DIGIT(*q)) {
+            if (mant > (UINT64_MAX - 9) / 10) overflow = 1;
+            else mant = mant * 10 + (uint64_t)(*q - '0'), frac_digits++;
+            q++;
+        }
     }
     if (q < s->end && (*q == 'e' || *q == 'E')) {
         is_float = 1;
@@ -560,40 +605,6 @@ static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char *
     return 0;
 }
 
-/* The common numbers, read inline: an optional '-', an integer part without leading zeros,
- * an optional fraction, no exponent, at most 19 digits taken into the mantissa in all (so
- * it cannot overflow) and a byte after it within the text. Returns the end of the number,
- * with *mant its digits and *frac the number of fraction digits (-1: an integer), or NULL
- * for any other text: read_number then reads it, or names the problem. The values callers
- * make of these are the ones read_number makes of the same text. */
-static inline const char *simple_number(const char *q, const char *end, uint64_t *mant,
-                                        int *frac, int *neg) {
-    *neg = q < end && *q == '-';
-    q += *neg;
-    if (q >= end || !IS_DIGIT(*q)) return NULL;
-    uint64_t m = 0;
-    int room = 19; /* digits the mantissa can still take */
-    if (*q == '0') {
-        q++;
-    } else {
-        const char *from = q, *lim = end - q > room ? q + room : end;
-        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
-        room -= (int)(q - from);
-    }
-    if (q >= end) return NULL;
-    int f = -1;
-    if (*q == '.') {
-        const char *from = ++q, *lim = end - q > room ? q + room : end;
-        while (q < lim && IS_DIGIT(*q)) m = m * 10 + (uint64_t)(*q++ - '0');
-        f = (int)(q - from);
-        if (f == 0 || q >= end) return NULL;
-    }
-    /* a digit here: more than the mantissa takes (or a leading zero's next digit) */
-    if (IS_DIGIT(*q) || *q == 'e' || *q == 'E') return NULL;
-    *mant = m;
-    *frac = f;
-    return q;
-}
 
 static int expect_literal(Scan *s, const char *lit, size_t n) {
     if ((size_t)(s->end - s->p) < n || memcmp(s->p, lit, n) != 0) return fail(s, "bad literal");
@@ -601,46 +612,10 @@ static int expect_literal(Scan *s, const char *lit, size_t n) {
     return 0;
 }
 
-/* A number checked as read_number checks it, without taking its value: only one with an
- * exponent (the only kind that can fall out of the double range) is read in full. */
-static int skip_number(Scan *s) {
-    const char *q = s->p, *end = s->end;
-    if (q < end && *q == '-') q++;
-    if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
-    if (*q == '0') q++;
-    else
-        while (q < end && IS_DIGIT(*q)) q++;
-    if (q < end && *q == '.') {
-        q++;
-        if (q >= end || !IS_DIGIT(*q)) return fail(s, "bad number");
-        while (q < end && IS_DIGIT(*q)) q++;
-    }
-    if (q < end && (*q == 'e' || *q == 'E')) {
-        int kind;
-        int64_t iv;
-        double dv;
-        const char *text;
-        size_t tlen;
-        return read_number(s, &kind, &iv, &dv, &text, &tlen);
-    }
-    if ((size_t)(q - s->p) > MAX_NUMBER_CHARS) return fail(s, "number too long");
-    s->p = q;
-    return 0;
-}
-
-/* Whitespace before a token inside a skipped value; s->spaced notes that there was some. */
-static inline void skip_ws_noted(Scan *s) {
-    if (s->p < s->end && (unsigned char)*s->p <= ' ' && IS_WS(*s->p)) {
-        s->spaced = 1;
-        skip_ws(s);
-    }
-}
-
-/* Skip one JSON value, checking it. Where it holds insignificant whitespace, s->spaced is set:
- * its text is then not its compact form. */
+/* Skip one JSON value, checking it. */
 static int skip_value(Scan *s, int depth) {
     if (depth > MAX_DEPTH) return fail(s, "nesting too deep");
-    skip_ws_noted(s);
+    skip_ws(s);
     if (s->p >= s->end) return fail(s, "unexpected end of data");
     char c = *s->p;
     if (c == '"') {
@@ -651,22 +626,22 @@ static int skip_value(Scan *s, int depth) {
     if (c == '{' || c == '[') {
         char close = c == '{' ? '}' : ']';
         s->p++;
-        skip_ws_noted(s);
+        skip_ws(s);
         if (s->p < s->end && *s->p == close) {
             s->p++;
             return 0;
         }
         while (1) {
             if (c == '{') {
-                skip_ws_noted(s);
+                skip_ws(s);
                 if (s->p >= s->end || *s->p != '"') return fail(s, "expected an object key");
                 if (skip_value(s, depth + 1)) return -1;
-                skip_ws_noted(s);
+                skip_ws(s);
                 if (s->p >= s->end || *s->p != ':') return fail(s, "expected ':'");
                 s->p++;
             }
             if (skip_value(s, depth + 1)) return -1;
-            skip_ws_noted(s);
+            skip_ws(s);
             if (s->p >= s->end) return fail(s, "unexpected end of data");
             if (*s->p == ',') {
                 s->p++;
@@ -682,13 +657,18 @@ static int skip_value(Scan *s, int depth) {
     if (c == 't') return expect_literal(s, "true", 4);
     if (c == 'f') return expect_literal(s, "false", 5);
     if (c == 'n') return expect_literal(s, "null", 4);
-    return skip_number(s);
+    int kind;
+    int64_t iv;
+    double dv;
+    const char *text;
+    size_t tlen;
+    return read_number(s, &kind, &iv, &dv, &text, &tlen);
 }
 
 /* A nested argument value (s->p at its '[' or '{') checked in one loop, without a call per
  * element: 1 when it is valid JSON with no whitespace, no escapes and no exponents, up to
- * 63 levels deep (s->p then after it); 0 for anything else, valid or not, which skip_value
- * then reads from the start and decides. So this never refuses what skip_value takes, and
+ * 63 levels deep (s->p then after it); 0 for anything else, valid or not, which copy_compact
+ * then reads from the start and decides. So this never refuses what copy_compact takes, and
  * takes only what it takes. */
 static int skip_compact(Scan *s) {
     const char *p = s->p, *end = s->end;
@@ -761,8 +741,9 @@ static int skip_compact(Scan *s) {
     }
 }
 
-/* Skip one JSON value and append its text to `raw` without insignificant whitespace: for a
- * nested argument value written with spaces (skip_value reads the compact ones). */
+/* Check one JSON value and append its text to `raw` without insignificant whitespace: for a
+ * nested argument value that skip_compact leaves (whitespace, escapes, exponents, deep
+ * nesting, or an error to name). */
 static int copy_compact(Scan *s, int depth, Buf *raw) {
     if (depth > MAX_DEPTH) return fail(s, "nesting too deep");
     skip_ws(s);
@@ -922,14 +903,12 @@ static int read_args(Scan *s) {
             int32_t id;
             if (intern_string(s, &id) || add_arg(s, key, T_STR, id)) return -1;
         } else if (c == '{' || c == '[') {
-            /* Kept as its compact text: the text as written, where it has no spaces. */
-            const char *start = s->p;
-            s->spaced = 0;
-            if (!skip_compact(s) && skip_value(s, 1)) return -1;
-            const char *text = start;
-            size_t len = (size_t)(s->p - start);
-            if (s->spaced) {
-                s->p = start;
+            /* Kept as its compact text: the text as written, where skip_compact takes it. */
+            const char *text = s->p;
+            size_t len;
+            if (skip_compact(s)) {
+                len = (size_t)(s->p - text);
+            } else {
                 s->raw.len = 0;
                 if (copy_compact(s, 1, &s->raw)) return -1;
                 text = s->raw.p, len = s->raw.len;
@@ -944,29 +923,13 @@ static int read_args(Scan *s) {
         } else if (c == 'n') {
             if (expect_literal(s, "null", 4) || add_arg(s, key, T_NULL, 0)) return -1;
         } else {
-            uint64_t m;
-            int frac, neg;
-            const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
-            if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
-                s->p = q;
-                if (add_arg(s, key, T_INT, neg ? -(int64_t)m : (int64_t)m)) return -1;
-                goto next;
-            }
-            if (q && frac >= 0 && frac <= 22 && m <= (1ULL << 53)) {
-                double d = (double)m / POW10[frac];
-                if (neg) d = -d;
-                int64_t bits;
-                memcpy(&bits, &d, 8);
-                s->p = q;
-                if (add_arg(s, key, T_FLOAT, bits)) return -1;
-                goto next;
-            }
-            int kind;
+            int kind, is_float;
             int64_t iv;
             double dv;
             const char *text;
             size_t tlen;
-            if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+            if (quick_number(s, &is_float, &iv, &dv)) kind = is_float ? NUM_FLOAT : NUM_INT;
+            else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
             if (kind == NUM_INT) {
                 if (add_arg(s, key, T_INT, iv)) return -1;
             } else if (kind == NUM_FLOAT) {
@@ -979,7 +942,6 @@ static int read_args(Scan *s) {
                 if (add_arg(s, key, T_BIGINT, id)) return -1;
             }
         }
-    next:;
         int more = after_item(s, '}', "expected ',' or '}' in args");
         if (more <= 0) return more;
     }
@@ -1016,22 +978,17 @@ static inline int field_of(const char *k, size_t n) {
 /* pid/tid: an integer (kept as its decimal text) or a string. */
 static int read_track_part(Scan *s, int32_t *id) {
     if (*s->p == '"') return intern_string(s, id);
-    uint64_t m;
-    int frac, neg;
-    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
-    if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
-        /* "-0" is the integer 0, whose text is "0". */
-        *id = m == 0 ? s->zero_id : intern(&s->strs, s->p, (size_t)(q - s->p));
-        if (*id < 0) return s->nomem = 1, -1;
-        s->p = q;
-        return 0;
-    }
-    int kind;
+    int kind, is_float;
     int64_t iv;
     double dv;
-    const char *text;
+    const char *text = s->p;
     size_t tlen;
-    if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    if (quick_number(s, &is_float, &iv, &dv)) {
+        kind = is_float ? NUM_FLOAT : NUM_INT;
+        tlen = (size_t)(s->p - text);
+    } else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) {
+        return -1;
+    }
     if (kind != NUM_INT) return fail(s, "pid/tid is not an integer");
     /* "-0" is the integer 0, whose text is "0". */
     if (iv == 0) {
@@ -1049,26 +1006,13 @@ static int read_time(Scan *s, double *out) {
         return expect_literal(s, "null", 4);
     }
     if (*s->p != '-' && (*s->p < '0' || *s->p > '9')) return fail(s, "ts/dur is not a number");
-    uint64_t m;
-    int frac, neg;
-    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
-    if (q && frac < 0 && m <= (uint64_t)INT64_MAX) {
-        *out = (double)(neg ? -(int64_t)m : (int64_t)m);
-        s->p = q;
-        return 0;
-    }
-    if (q && frac >= 0 && frac <= 22 && m <= (1ULL << 53)) {
-        double d = (double)m / POW10[frac];
-        *out = neg ? -d : d;
-        s->p = q;
-        return 0;
-    }
-    int kind;
+    int kind, is_float;
     int64_t iv;
     double dv;
     const char *text;
     size_t tlen;
-    if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    if (quick_number(s, &is_float, &iv, &dv)) kind = is_float ? NUM_FLOAT : NUM_INT;
+    else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
     *out = kind == NUM_INT ? (double)iv : dv;
     return 0;
 }
