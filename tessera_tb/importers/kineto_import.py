@@ -23,8 +23,9 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-# numpy's unique() imports numpy.ma on its first call; the importer always makes that call,
-# so the module loads with the importer rather than in the middle of the first import.
+# numpy's unique() imports numpy.ma on its first call; the importer always makes that call
+# (the step writer's scalars, backend/utilization), so the module loads with the importer
+# rather than in the middle of the first import.
 import numpy.ma  # noqa: F401
 
 from tessera_tb.importers import kineto_decode, kineto_stream, nvml_csv
@@ -326,7 +327,9 @@ class StepWriterInline:
     when put, in the caller's thread. Starting and joining threads would cost more than
     its steps take (the same bytes either way)."""
 
-    def __init__(self, write: Callable[[StepData, bytes], object], encode) -> None:
+    def __init__(
+        self, write: Callable[[StepData, bytes], object], encode: Callable[[StepData], bytes]
+    ) -> None:
         self._write = write
         self._encode = encode
 
@@ -344,7 +347,11 @@ class StepWriterInline:
 INLINE_SPAN_EVENTS = 20_000
 
 
-def step_writer(write, encode, event_count: int) -> StepWriterThread | StepWriterInline:
+def step_writer(
+    write: Callable[[StepData, bytes], object],
+    encode: Callable[[StepData], bytes],
+    event_count: int,
+) -> StepWriterThread | StepWriterInline:
     """The writer for a span's steps: threads for a large span, none for a small one."""
     if event_count < INLINE_SPAN_EVENTS:
         return StepWriterInline(write, encode)
@@ -391,7 +398,7 @@ def _import_worker(
         written = 0
         # Steps are encoded (compressed) in threads, two at once on two CPUs, and saved in
         # order while the next one is cut from the span's columns; memory holds the span's
-        # columns and at most four steps.
+        # columns and at most four steps. A small span's steps are written as they come.
         with step_writer(writer.write_step, encode_step, span.event_count) as out:
             for step in span.steps:
                 # A count per kind code, not a set of every event's kind (14 us, not 117, for a

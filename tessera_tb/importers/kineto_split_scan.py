@@ -114,9 +114,9 @@ def scan_split(
     A and B take turns, wherever the pieces end: each reads on until it has read RUN_BYTES
     more than the other in all (A's count taking in the tail, which it reads alone at the
     end), and hands over at the next boundary. So each reads about half of the text, at
-    once. A run
-    the text ends in is read by A instead (A stopped at its start, and B's reading of it is
-    dropped), so A always reads the end of the list and the members after it."""
+    once. A run the text ends in is read by A instead (A stopped at its start, and B's
+    reading of it is dropped), so A always reads the end of the list and the members after
+    it."""
     a = _Side(scanner_module, "tessera-scan-a")
     b = _Side(scanner_module, "tessera-scan-b")
     order: list[str] = []  # which side each batch came from, in text order
