@@ -389,19 +389,23 @@ def ensure_hta_venv() -> None:
     print(f"  installed holistictraceanalysis {line.split(':', 1)[1].strip()}", flush=True)
 
 
-def run_child(tool: str, path: str) -> dict:
+def _child_command(tool: str, path: str) -> list[str]:
     python = HTA_PYTHON if tool == "hta" else sys.executable
-    proc = subprocess.run(
-        [python, os.path.abspath(__file__), "--child", tool, path],
-        capture_output=True,
-        text=True,
-        cwd=OUT,
-    )
-    for line in reversed(proc.stdout.splitlines()):
+    return [python, os.path.abspath(__file__), "--child", tool, path]
+
+
+def _child_result(returncode: int, stdout: str, stderr: str) -> dict:
+    """The result a child printed, or RuntimeError with its exit code and last error line."""
+    for line in reversed(stdout.splitlines()):
         if line.startswith(RESULT_MARK):
             return json.loads(line[len(RESULT_MARK) :])
-    tail = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-    raise RuntimeError(f"exit {proc.returncode}: {tail[:200]}")
+    tail = (stderr.strip().splitlines() or ["(no output)"])[-1]
+    raise RuntimeError(f"exit {returncode}: {tail[:200]}")
+
+
+def run_child(tool: str, path: str) -> dict:
+    proc = subprocess.run(_child_command(tool, path), capture_output=True, text=True, cwd=OUT)
+    return _child_result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def measure_cores(inp: Input, repeat: int) -> None:
@@ -420,7 +424,7 @@ def measure_cores(inp: Input, repeat: int) -> None:
             env = dict(os.environ, TESSERA_BENCH_START_AT=f"{time.time() + 2.0:.6f}")
             procs = [
                 subprocess.Popen(
-                    [sys.executable, os.path.abspath(__file__), "--child", "scanpass", inp.path],
+                    _child_command("scanpass", inp.path),
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
@@ -432,11 +436,11 @@ def measure_cores(inp: Input, repeat: int) -> None:
             walls = []
             for proc in procs:
                 out, err = proc.communicate()
-                line = next((x for x in out.splitlines() if x.startswith(RESULT_MARK)), None)
-                if line is None:
-                    inp.errors["cores"] = (err.strip().splitlines() or ["no result"])[-1][:200]
+                try:
+                    result = _child_result(proc.returncode, out, err)
+                except RuntimeError as exc:
+                    inp.errors["cores"] = str(exc)
                     return
-                result = json.loads(line[len(RESULT_MARK) :])
                 if result["wall_s"] is None:
                     inp.errors["cores"] = "the C scanner is not built"
                     return
