@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from tessera_tb.importers.arrays import distinct
+from tessera_tb.importers.background import Background
 from tessera_tb.importers.kineto_columns import (
     _FLOW_PHASES,
     _PROMOTED,
@@ -125,35 +126,48 @@ def scanned_span_columns(
     if (dur < 0).any():
         i = int(idx[np.flatnonzero(dur < 0)[0]])
         raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
-    # Tracks in order of first appearance: those of slices, then those only flows use.
-    track_id = _track_ids(tracks, text, pid[idx], tid[idx])
     correlation = np.zeros(n, dtype=np.int64)
     external_id = np.zeros(n, dtype=np.int64)
     key_bits = None if context is None else context.key_bits
-    attr_parts = _attr_parts(scan, idx, ids, text, correlation, external_id, key_bits)
-
-    fidx = np.flatnonzero(event_class == 2)
-    fts = ts_us[fidx]
-    check_finite(path, fts, fidx, "ts")
-    flow_id = col("id_val", np.int64)[fidx].copy()
-    id_sid = col("id_sid", np.int32)[fidx]
-    for j in np.flatnonzero(id_sid >= 0).tolist():
-        flow_id[j] = int_or_zero(text[id_sid[j]])
-    phase_code = np.zeros(len(text), dtype=np.uint8)
-    for i in flow_ids:
-        phase_code[i] = FLOW_PHASES[phase[i]]
+    # The arguments are typed beside the event columns below (numpy releases the GIL), in a
+    # second thread on a large file. Only they intern strings until they are done: the
+    # worker's string table gets the same order either way (arguments, flows, names, cats).
+    args_job = Background(_attr_parts, scan, idx, ids, text, correlation, external_id, key_bits)
+    args_job.run_or_start(n)
+    try:
+        # Tracks in order of first appearance: those of slices, then those only flows use.
+        track_id = _track_ids(tracks, text, pid[idx], tid[idx])
+        fidx = np.flatnonzero(event_class == 2)
+        fts = ts_us[fidx]
+        check_finite(path, fts, fidx, "ts")
+        flow_id = col("id_val", np.int64)[fidx].copy()
+        id_sid = col("id_sid", np.int32)[fidx]
+        for j in np.flatnonzero(id_sid >= 0).tolist():
+            flow_id[j] = int_or_zero(text[id_sid[j]])
+        phase_code = np.zeros(len(text), dtype=np.uint8)
+        for i in flow_ids:
+            phase_code[i] = FLOW_PHASES[phase[i]]
+        flow_track_id = _track_ids(tracks, text, pid[fidx], tid[fidx])
+        flow_ts_ns = base_ns + us_to_ns(fts)
+        start_ns = base_ns + us_to_ns(ts)
+        dur_ns = us_to_ns(dur)
+        index = idx.astype(np.int64)
+    except BaseException:
+        args_job.result()  # the arguments' error first, as when they were read first
+        raise
+    attr_parts = args_job.result()
     flows = {
         "flow_id": flow_id,
         "cat_id": ids(cat[fidx]),
         "phase": phase_code[ph[fidx]],
-        "track_id": _track_ids(tracks, text, pid[fidx], tid[fidx]),
-        "ts_ns": base_ns + us_to_ns(fts),
+        "track_id": flow_track_id,
+        "ts_ns": flow_ts_ns,
         "row": np.full(fidx.size, -1, dtype=np.int32),
     }
     return SpanColumns(
-        index=idx.astype(np.int64),
-        start_ns=base_ns + us_to_ns(ts),
-        dur_ns=us_to_ns(dur),
+        index=index,
+        start_ns=start_ns,
+        dur_ns=dur_ns,
         is_x=is_x,
         name_id=ids(name[idx]),
         cat_id=ids(cat[idx]),

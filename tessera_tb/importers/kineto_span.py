@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera_tb.importers.arrays import distinct
+from tessera_tb.importers.background import Background
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace, _kineto_scan
 from tessera_tb.importers.kineto_scanned import scanned_span_columns
@@ -158,20 +159,23 @@ def span_of_columns(
         collective_name[nid] = strings.strings[nid].startswith(_COLLECTIVE_PREFIXES)
     kind[kernel & collective_name[name_id]] = KIND["collective"]
 
-    if plan is None:
-        track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
-    else:
-        track_infos = plan.tracks
-    # The rows in the file's canonical order (track, start, longer first, lower External id),
-    # sorted once: the host trees, the flow binding and the step split all read it.
-    row_order = canonical_order(
-        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
-    )
-    parent = _host_tree_parents(start_ns, dur_ns, kind, track_id, row_order)
-    launch = _launch_links(kind, correlation)
+    # The host trees are built beside the launch links, the tracks and the step markers (in
+    # a second thread on a large span; none of them changes what the other reads).
+    trees = Background(_ordered_trees, start_ns, dur_ns, kind, track_id, external_id)
+    trees.run_or_start(n)
+    try:
+        if plan is None:
+            track_infos = _track_infos(tracks, kind, track_id, attrs, cols.meta_events)
+        else:
+            track_infos = plan.tracks
+        launch = _launch_links(kind, correlation)
+        step_rows = _step_marker_rows(name_id, cat_id, strings, is_x)
+    except BaseException:
+        trees.join()
+        raise
+    row_order, parent = trees.result()
 
     # Steps.
-    step_rows = _step_marker_rows(name_id, cat_id, strings, is_x)
     # Before 2022 step markers were "Operator" events like any op: they are annotations.
     kind[[r for _, r in step_rows]] = KIND["annotation"]
     if plan is not None:
@@ -188,34 +192,18 @@ def span_of_columns(
             order=row_order,
             warnings=warnings,
         )
-    if step_rows:
-        step_numbers = np.array([num for num, _ in step_rows], dtype=np.int64)
-        rows = np.array([r for _, r in step_rows], dtype=np.int64)
-        order = np.argsort(start_ns[rows], kind="stable")
-        step_numbers, rows = step_numbers[order], rows[order]
-        if distinct(step_numbers).size != step_numbers.size:
-            raise TraceFormatError(path, "two ProfilerStep events carry the same step number")
-        host_start = start_ns[rows]
-        host_end = host_start + dur_ns[rows]
-    else:
-        step_numbers = np.array([span_index], dtype=np.int64)
-        ends = start_ns + dur_ns
-        host_start = np.array([start_ns.min() if n else base_ns], dtype=np.int64)
-        host_end = np.array([ends.max() if n else base_ns], dtype=np.int64)
+    # Flow points are bound to their slices beside the steps' spans (as the trees above).
+    bind = Background(_bind_flows, cols.flows, start_ns, dur_ns, track_id, parent, path, row_order)
+    bind.run_or_start(n)
+    try:
+        step_numbers, host_start, step_of, span_start, span_end = _step_spans(
+            step_rows, start_ns, dur_ns, kind, launch, path, span_index, base_ns
+        )
+    except BaseException:
+        bind.join()
+        raise
     n_steps = step_numbers.size
-    step_of = np.clip(np.searchsorted(host_start, start_ns, side="right") - 1, 0, n_steps - 1)
-    launched = launch >= 0
-    step_of[launched] = step_of[launch[launched]]
-    device_work = IS_DEVICE_WORK[kind]
-    work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
-    np.maximum.at(work_end, step_of[device_work], (start_ns + dur_ns)[device_work])
-    span_end = np.maximum(host_end, work_end)
-    span_start = host_start.copy()
-    for i in range(1, n_steps):
-        span_start[i] = max(host_start[i], span_end[i - 1])
-        span_end[i] = max(span_end[i], span_start[i])
-
-    flows, flow_warn = _bind_flows(cols.flows, start_ns, dur_ns, track_id, parent, path, row_order)
+    flows, flow_warn = bind.result()
     if flow_warn:
         warnings.append(flow_warn)
     if flows["flow_id"].size:
@@ -266,6 +254,39 @@ def span_of_columns(
         base_ns=base_ns,
         warnings=warnings,
     )
+
+
+def _step_spans(step_rows, start_ns, dur_ns, kind, launch, path, span_index, base_ns) -> tuple:
+    """(step numbers, host starts, each row's step, span starts, span ends) of the steps
+    that the ProfilerStep rows `step_rows` mark, or of one step numbered `span_index`."""
+    n = start_ns.size
+    if step_rows:
+        step_numbers = np.array([num for num, _ in step_rows], dtype=np.int64)
+        rows = np.array([r for _, r in step_rows], dtype=np.int64)
+        order = np.argsort(start_ns[rows], kind="stable")
+        step_numbers, rows = step_numbers[order], rows[order]
+        if distinct(step_numbers).size != step_numbers.size:
+            raise TraceFormatError(path, "two ProfilerStep events carry the same step number")
+        host_start = start_ns[rows]
+        host_end = host_start + dur_ns[rows]
+    else:
+        step_numbers = np.array([span_index], dtype=np.int64)
+        ends = start_ns + dur_ns
+        host_start = np.array([start_ns.min() if n else base_ns], dtype=np.int64)
+        host_end = np.array([ends.max() if n else base_ns], dtype=np.int64)
+    n_steps = step_numbers.size
+    step_of = np.clip(np.searchsorted(host_start, start_ns, side="right") - 1, 0, n_steps - 1)
+    launched = launch >= 0
+    step_of[launched] = step_of[launch[launched]]
+    device_work = IS_DEVICE_WORK[kind]
+    work_end = np.full(n_steps, np.iinfo(np.int64).min, dtype=np.int64)
+    np.maximum.at(work_end, step_of[device_work], (start_ns + dur_ns)[device_work])
+    span_end = np.maximum(host_end, work_end)
+    span_start = host_start.copy()
+    for i in range(1, n_steps):
+        span_start[i] = max(host_start[i], span_end[i - 1])
+        span_end[i] = max(span_end[i], span_start[i])
+    return step_numbers, host_start, step_of, span_start, span_end
 
 
 def _planned_span(
@@ -506,6 +527,16 @@ def _host_tree_parents(start_ns, dur_ns, kind, track_id, order) -> np.ndarray:
     return parent
 
 
+def _ordered_trees(start_ns, dur_ns, kind, track_id, external_id) -> tuple:
+    """(the rows in the file's canonical order, the host trees' parents). The order (track,
+    start, longer first, lower External id) is sorted once: the host trees, the flow binding
+    and the step split all read it."""
+    row_order = canonical_order(
+        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
+    )
+    return row_order, _host_tree_parents(start_ns, dur_ns, kind, track_id, row_order)
+
+
 def _launch_links(kind: np.ndarray, correlation: np.ndarray) -> np.ndarray:
     """For each device event, the row of the runtime/driver call with the same correlation."""
     launch = np.full(kind.size, -1, dtype=np.int32)
@@ -581,6 +612,20 @@ def _used_ids(used: list[np.ndarray], in_use: np.ndarray) -> np.ndarray:
     return ids
 
 
+def _attrs_by_step(attrs, rank, step_of, local_of, n_steps) -> list[tuple]:
+    """(attr, step-local rows, values, per-step bounds) of each argument column, its
+    entries in step order and, within a step, in the rows' order."""
+    out = []
+    for a in attrs:
+        # (ranks are distinct, so any sort gives this order; a stable one is fastest on
+        # the runs that file order leaves)
+        o = np.argsort(rank[a.rows], kind="stable")
+        a_rows = a.rows[o]
+        bounds = np.searchsorted(step_of[a_rows], np.arange(n_steps + 1))
+        out.append((a, local_of[a_rows], a.values[o], bounds))
+    return out
+
+
 def _split_steps(
     *,
     n_steps,
@@ -611,6 +656,10 @@ def _split_steps(
     rank = np.empty(n, dtype=np.int64)
     rank[ev_order] = np.arange(n)
     local_of = (rank - ev_bounds[step_of]).astype(np.int32)  # a row's index in its step
+    # The arguments are put in step order beside the events' columns (numpy's sorts and
+    # gathers release the GIL), on a large span in a second thread.
+    split_attrs = Background(_attrs_by_step, attrs, rank, step_of, local_of, n_steps)
+    split_attrs.run_or_start(n)
     ordered = {name: col[ev_order] for name, col in columns.items()}
     del columns
     ordered_step = step_of[ev_order]
@@ -621,14 +670,6 @@ def _split_steps(
         same = (g >= 0) & (step_of[target] == ordered_step)
         ordered[ref] = np.where(same, local_of[target], -1).astype(np.int32)
     del ordered_step
-    attr_split = []
-    for a in attrs:
-        # (ranks are distinct, so any sort gives this order; a stable one is fastest on
-        # the runs that file order leaves)
-        o = np.argsort(rank[a.rows], kind="stable")
-        a_rows = a.rows[o]
-        bounds = np.searchsorted(step_of[a_rows], np.arange(n_steps + 1))
-        attr_split.append((a, local_of[a_rows], a.values[o], bounds))
     f_order = np.argsort(flow_step, kind="stable")
     f_bounds = np.searchsorted(flow_step[f_order], np.arange(n_steps + 1))
     f_ordered = {name: col[f_order] for name, col in flows.items()}
@@ -636,7 +677,9 @@ def _split_steps(
     bound = np.maximum(frow, 0)
     same = (frow >= 0) & (step_of[bound] == flow_step[f_order])
     f_ordered["row"] = np.where(same, local_of[bound], -1).astype(np.int32)
-    del rank, local_of, frow, bound, same
+    del frow, bound, same
+    attr_split = split_attrs.result()
+    del rank, local_of, split_attrs
     all_strings = np.array(strings.strings, dtype=object)
     string_map = np.full(len(strings.strings), -1, dtype=np.int64)
     in_use = np.zeros(len(strings.strings), dtype=bool)

@@ -1,0 +1,102 @@
+"""A large span's numpy pieces run two at a time (importers/background.py): the argument
+columns beside the event columns, the host trees beside the launch links and step markers,
+the flow binding beside the step spans, the arguments' step split beside the events'. The
+files are those of one piece after the other, and an error in either piece stops the
+import with the error it would have raised alone."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import threading
+
+import pytest
+
+from tessera_tb.importers import background
+from tessera_tb.importers.background import Background
+from tessera_tb.importers.kineto_import import ImportFailed, import_traces
+from tests.conftest import SHARED_TRACES, assert_same_files
+from tests.importers.test_parallel_import import _run_files
+
+STACK = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
+DDP = os.path.join(SHARED_TRACES, "pytorch", "ddp_gpt_2rank")
+FSDP = os.path.join(SHARED_TRACES, "pytorch", "fsdp_gpt_4rank")
+RESNET = os.path.join(
+    SHARED_TRACES,
+    "pytorch_2021",
+    "resnet50_num_workers_0",
+    "worker0.1623143089861.pt.trace.json.gz",
+)
+
+
+@pytest.fixture
+def started(monkeypatch) -> list[str]:
+    """The names of the threads started from here on."""
+    names: list[str] = []
+    real_start = threading.Thread.start
+
+    def spy(self):
+        names.append(self.name)
+        return real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", spy)
+    return names
+
+
+def test_pieces_in_threads_make_the_same_files(tmp_path, monkeypatch, started):
+    inputs = {"stack": [STACK], "ddp": [DDP], "fsdp": [FSDP], "resnet": [RESNET]}  # 8 spans
+
+    def imported(where: str) -> dict[str, bytes]:
+        files = {}
+        for run, paths in inputs.items():
+            result = import_traces(paths, str(tmp_path / where), run, jobs=1)
+            files.update({f"{run}/{p}": data for p, data in _run_files(result.run_dir).items()})
+        return files
+
+    monkeypatch.setattr(background, "PARALLEL_ROWS", 10**12)  # every piece in turn
+    alone = imported("a")
+    assert "tessera-background" not in started
+    monkeypatch.setattr(background, "PARALLEL_ROWS", 0)  # two at a time, on every span
+    both = imported("b")
+    assert started.count("tessera-background") == 4 * 8  # 4 pieces per span
+    assert len(alone) > 8 * 2
+    assert_same_files(both, alone)
+
+
+def test_a_large_span_runs_its_pieces_in_threads_and_a_small_one_does_not(tmp_path, started):
+    import_traces([STACK], str(tmp_path / "small"), "r")  # 11,404 events
+    assert "tessera-background" not in started
+    import_traces([RESNET], str(tmp_path / "large"), "r")  # 75,718 events
+    assert started.count("tessera-background") == 4
+
+
+def test_an_error_beside_a_running_piece_is_raised_and_the_piece_ends(tmp_path, monkeypatch):
+    """Two ProfilerStep slices of one number: found while the flows are bound in the other
+    thread. The import fails with that error, and no thread of the span is left running."""
+    monkeypatch.setattr(background, "PARALLEL_ROWS", 0)
+    path = next(os.path.join(STACK, f) for f in os.listdir(STACK) if f.endswith(".json.gz"))
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    names = sorted({e["name"] for e in trace["traceEvents"] if "ProfilerStep#" in e["name"]})
+    assert len(names) >= 2
+    text = json.dumps(trace).replace(f'"{names[1]}"', f'"{names[0]}"')
+    bad = tmp_path / "worker0.1.pt.trace.json"
+    bad.write_text(text)
+    with pytest.raises(ImportFailed, match="two ProfilerStep events carry the same step"):
+        import_traces([str(bad)], str(tmp_path / "logdir"), "r")
+    assert not [t for t in threading.enumerate() if t.name == "tessera-background"]
+    assert os.listdir(tmp_path / "logdir") == []
+
+
+def _fails(message: str):
+    raise ValueError(message)
+
+
+@pytest.mark.parametrize("rows", [0, 10**12])
+def test_background_raises_its_error_in_the_caller_and_join_does_not(rows, monkeypatch):
+    job = Background(_fails, "in the piece").run_or_start(rows - background.PARALLEL_ROWS)
+    job.join()  # waits; the error is kept for result()
+    with pytest.raises(ValueError, match="in the piece"):
+        job.result()
+    assert Background(sum, [1, 2, 3]).run_or_start(rows).result() == 6
