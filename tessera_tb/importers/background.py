@@ -4,6 +4,7 @@ the longer one."""
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -11,6 +12,18 @@ from typing import Any
 # A span of fewer rows than this does its pieces one after the other, in the calling
 # thread: starting and joining a thread costs more than such a span's pieces take.
 PARALLEL_ROWS = 20_000
+
+
+def release_freed_memory() -> None:
+    """Give the memory that other threads freed back to the system (glibc's malloc_trim).
+    Their temporaries were made in per-thread malloc arenas, which the main thread's later
+    work does not reuse: kept, they added 100-160 MB of peak on a 592 MB file (the two
+    scanners' merge), and some 45 MB on the 52x one-step copy (a span's pieces)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return
+    trim(0)
 
 
 class Background:
@@ -42,6 +55,11 @@ class Background:
         else:
             self.run()
         return self
+
+    @property
+    def threaded(self) -> bool:
+        """Whether it ran in a thread of its own."""
+        return self._thread is not None
 
     def join(self) -> None:
         """Wait for it, its value and error kept for result()."""

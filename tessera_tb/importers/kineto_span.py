@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera_tb.importers.arrays import distinct
-from tessera_tb.importers.background import Background
+from tessera_tb.importers.background import Background, release_freed_memory
 from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace, _kineto_scan
 from tessera_tb.importers.kineto_scanned import scanned_span_columns
@@ -686,6 +686,10 @@ def _split_steps(
     del frow, bound, same
     rest = _attrs_by_step(attrs[half:], rank, step_of, local_of, n_steps)
     attr_split = split_attrs.result() + rest
+    if split_attrs.threaded:
+        # The other thread's temporaries of the span's pieces, before the steps are made:
+        # the 52x one-step copy peaked at 261 MB without this, 223 MB with it.
+        release_freed_memory()
     del rank, local_of, split_attrs
     all_strings = np.array(strings.strings, dtype=object)
     string_map = np.full(len(strings.strings), -1, dtype=np.int64)

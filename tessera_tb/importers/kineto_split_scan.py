@@ -18,7 +18,6 @@ new ones in the order of its first use), so the merged columns equal one scanner
 
 from __future__ import annotations
 
-import ctypes
 import queue
 import re
 import threading
@@ -28,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from tessera_tb.importers.background import release_freed_memory
 from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
 from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS
 
@@ -206,17 +206,6 @@ def _handover(piece: bytes, start: int, pos: int, budget: int, last: int | None,
     return _BOUNDARY.search(piece, at, stop)
 
 
-def _release_freed_memory() -> None:
-    """Give the memory the copying threads freed back to the system (glibc's malloc_trim).
-    Their temporaries were made in per-thread malloc arenas, which the main thread's later
-    work does not reuse: kept, they added 100-160 MB of peak on a 592 MB file."""
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):  # not glibc
-        return
-    trim(0)
-
-
 class _Renumber:
     """Ids of one side's strings and argument keys in the merged (text-order) numbering."""
 
@@ -337,7 +326,7 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
     with ThreadPoolExecutor(2, thread_name_prefix="tessera-merge") as pool:
         for _ in pool.map(copy, jobs):
             pass
-    _release_freed_memory()
+    release_freed_memory()
     top[:, 0] = renumber["a"].string_ids[top[:, 0]]
     return {
         "strings": strings,

@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from tessera_tb.importers import background
+from tessera_tb.importers import background, kineto_span
 from tessera_tb.importers.background import Background
 from tessera_tb.importers.kineto_import import ImportFailed, import_traces
 from tests.conftest import SHARED_TRACES, assert_same_files
@@ -100,3 +100,15 @@ def test_background_raises_its_error_in_the_caller_and_join_does_not(rows, monke
     with pytest.raises(ValueError, match="in the piece"):
         job.result()
     assert Background(sum, [1, 2, 3]).run_or_start(rows).result() == 6
+
+
+def test_the_pieces_memory_is_given_back_before_the_steps_of_a_large_span(tmp_path, monkeypatch):
+    """Memory the other thread freed sits in its malloc arena, where the steps' encoding does
+    not reuse it: it is trimmed once per large span (the 52x one-step copy peaked 40 MB
+    higher without)."""
+    trims = []
+    monkeypatch.setattr(kineto_span, "release_freed_memory", lambda: trims.append(1))
+    import_traces([STACK], str(tmp_path / "small"), "r")
+    assert trims == []
+    import_traces([RESNET], str(tmp_path / "large"), "r")
+    assert trims == [1]
