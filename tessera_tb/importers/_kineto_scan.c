@@ -1881,7 +1881,77 @@ static PyObject *previous_greater_equal(PyObject *self, PyObject *arg) {
     return out;
 }
 
+/* place_args(starts, ev, types, values, ids, key_ids, dest, shift, out_ev, out_type, out_val):
+ * one scanner batch's arguments, grouped by the batch's key numbers (starts: int64, one more
+ * than its keys), copied into the merged columns: key k's arguments go from out position
+ * dest[key_ids[k]] on (dest: int64 per merged key; key_ids: int32), each event number plus
+ * `shift`, each string value (T_STR, T_RAW, T_BIGINT) renumbered by ids (int32). One pass
+ * without the GIL; what kineto_split_scan._merged did key by key in numpy. Raises
+ * ValueError, writing nothing past the ends, on numbers out of range. */
+static PyObject *place_args(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer b[10];
+    long long shift;
+    memset(b, 0, sizeof(b));
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*Lw*w*w*", &b[0], &b[1], &b[2], &b[3], &b[4], &b[5],
+                          &b[6], &shift, &b[7], &b[8], &b[9]))
+        return NULL;
+    const int64_t *starts = b[0].buf;
+    const int32_t *ev = b[1].buf;
+    const uint8_t *types = b[2].buf;
+    const int64_t *values = b[3].buf;
+    const int32_t *ids = b[4].buf;
+    const int32_t *key_ids = b[5].buf;
+    const int64_t *dest = b[6].buf;
+    int32_t *out_ev = b[7].buf;
+    uint8_t *out_type = b[8].buf;
+    int64_t *out_val = b[9].buf;
+    Py_ssize_t n_keys = b[0].len / 8 - 1, n_args = b[2].len, n_ids = b[4].len / 4;
+    Py_ssize_t n_key_ids = b[5].len / 4, n_dest = b[6].len / 8, n_out = b[8].len;
+    int bad = b[1].len != n_args * 4 || b[3].len != n_args * 8 || b[7].len != n_out * 4 ||
+              b[9].len != n_out * 8 || n_keys > n_key_ids;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t k = 0; !bad && k < n_keys; k++) {
+        int64_t a = starts[k], e = starts[k + 1];
+        if (a == e) continue;
+        int32_t key = key_ids[k];
+        if (a < 0 || e < a || e > n_args || key < 0 || key >= n_dest) {
+            bad = 1;
+            break;
+        }
+        int64_t to = dest[key];
+        if (to < 0 || to + (e - a) > n_out) {
+            bad = 1;
+            break;
+        }
+        for (int64_t i = a; i < e; i++, to++) {
+            uint8_t t = types[i];
+            int64_t v = values[i];
+            if (t == T_STR || t == T_RAW || t == T_BIGINT) {
+                if (v < 0 || v >= n_ids) {
+                    bad = 1;
+                    break;
+                }
+                v = ids[v];
+            }
+            out_ev[to] = (int32_t)(ev[i] + shift);
+            out_type[to] = t;
+            out_val[to] = v;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    for (int i = 0; i < 10; i++) PyBuffer_Release(&b[i]);
+    if (bad) {
+        PyErr_SetString(PyExc_ValueError, "place_args: an argument, key or string out of range");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
+    {"place_args", place_args, METH_VARARGS,
+     "place_args(starts, ev, types, values, ids, key_ids, dest, shift, out_ev, out_type, "
+     "out_val): one batch's arguments copied into the merged columns (see the source)."},
     {"previous_greater_equal", previous_greater_equal, METH_O,
      "previous_greater_equal(int64 buffer) -> bytearray of int64: for each i the largest "
      "j < i with values[j] >= values[i], or -1."},

@@ -28,7 +28,6 @@ from typing import Any
 import numpy as np
 
 from tessera_tb.importers.background import release_freed_memory
-from tessera_tb.importers.kineto_scanned import T_BIGINT, T_RAW, T_STR
 from tessera_tb.importers.kineto_stream import _COLUMN_TYPES, _EVENT_COLUMNS
 
 # A and B take turns: each reads on until it is this far ahead of the other (in bytes of
@@ -39,8 +38,6 @@ TAIL_BYTES = 4 << 20
 _BOUNDARY = re.compile(rb",[ \t\r]*\n[ \t\r\n]*(?=\{)")
 _STRING_COLUMNS = ("ph", "cat", "name", "pid", "tid")
 _ARG_COLUMNS = ("arg_ev", "arg_type", "arg_val")
-_STRING_ARGS = np.zeros(256, dtype=bool)
-_STRING_ARGS[[T_STR, T_RAW, T_BIGINT]] = True
 
 
 class _Side:
@@ -182,7 +179,7 @@ def scan_split(
         return None
     if b.declined and len(b.batches) < b_runs:
         return None  # B could not read one of its runs
-    return _merged(order, a, b), size
+    return _merged(order, a, b, scanner_module), size
 
 
 def _handover(piece: bytes, start: int, pos: int, budget: int, last: int | None, b_reads: bool):
@@ -227,7 +224,7 @@ def _numbered(values: list, index: dict, table: list) -> np.ndarray:
     return out
 
 
-def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
+def _merged(order: list[str], a: _Side, b: _Side, scanner_module) -> dict[str, Any]:
     """One scanner's finish() columns from the two sides' batches. The output arrays are
     made whole first and filled batch by batch, each batch dropped once copied, so memory
     holds the columns about once, not the batches and their concatenation."""
@@ -308,20 +305,21 @@ def _merged(order: list[str], a: _Side, b: _Side) -> dict[str, Any]:
         sid = out["id_sid"][rows]
         string_id = sid >= 0
         sid[string_id] = ids[sid[string_id]]
-        starts = np.frombuffer(batch["arg_key_start"], dtype=np.int64)
-        ev = np.frombuffer(batch["arg_ev"], dtype=np.int32)
-        types = np.frombuffer(batch["arg_type"], dtype=np.uint8)
-        values = np.frombuffer(batch["arg_val"], dtype=np.int64).copy()
-        is_string = _STRING_ARGS[types]
-        values[is_string] = ids[values[is_string]]
-        shift = np.int32(first_event - int(batch["first"]))
-        for k in np.flatnonzero(np.diff(starts)).tolist():
-            a, b = int(starts[k]), int(starts[k + 1])
-            to = int(dest[key_ids[k]])
-            at = slice(to, to + b - a)
-            np.add(ev[a:b], shift, out=arg_out["arg_ev"][at])
-            arg_out["arg_type"][at] = types[a:b]
-            arg_out["arg_val"][at] = values[a:b]
+        # Each key's arguments to its place, event numbers shifted and strings renumbered:
+        # one C pass (a numpy loop over keys made three calls per key and batch).
+        scanner_module.place_args(
+            batch["arg_key_start"],
+            batch["arg_ev"],
+            batch["arg_type"],
+            batch["arg_val"],
+            ids,
+            key_ids,
+            dest,
+            first_event - int(batch["first"]),
+            arg_out["arg_ev"],
+            arg_out["arg_type"],
+            arg_out["arg_val"],
+        )
 
     with ThreadPoolExecutor(2, thread_name_prefix="tessera-merge") as pool:
         for _ in pool.map(copy, jobs):

@@ -86,9 +86,9 @@ def test_every_run_is_read_by_b_and_put_back_in_order(small_runs, monkeypatch):
     runs = []
     merged = kineto_split_scan._merged
 
-    def spy(order, a, b):
+    def spy(order, a, b, scanner_module):
         runs.append((order.count("a"), order.count("b"), len(b.batches)))
-        return merged(order, a, b)
+        return merged(order, a, b, scanner_module)
 
     monkeypatch.setattr(kineto_split_scan, "_merged", spy)
     got, _ = kineto_split_scan.scan_split(_pieces(text, 40_000), SCAN, len(text))
@@ -286,3 +286,29 @@ def test_a_grouped_take_holds_the_ungrouped_takes_arguments_by_key():
         assert starts.tolist() == [0, *np.cumsum(np.bincount(keys, minlength=n_keys)).tolist()]
         batches += bool(keys.size)
     assert batches >= 3
+
+
+def test_place_args_puts_each_keys_arguments_at_its_place_and_refuses_bad_numbers():
+    """The merge's C pass: two keys of a batch (the second key's arguments first in the
+    merged columns), event numbers shifted, string values renumbered, others kept; numbers
+    out of range raise ValueError instead of writing past an end."""
+    starts = np.array([0, 2, 3], dtype=np.int64)  # key 0: arguments 0-1, key 1: argument 2
+    ev = np.array([0, 4, 1], dtype=np.int32)
+    types = np.array([SCAN.T_STR, 3, SCAN.T_RAW], dtype=np.uint8)  # a string, an int, a raw
+    values = np.array([1, -7, 0], dtype=np.int64)
+    ids = np.array([10, 11], dtype=np.int32)
+    key_ids = np.array([1, 0], dtype=np.int32)  # batch key 0 is merged key 1, and 1 is 0
+    dest = np.array([0, 1], dtype=np.int64)
+    out = np.zeros(3, np.int32), np.zeros(3, np.uint8), np.zeros(3, np.int64)
+    SCAN.place_args(starts, ev, types, values, ids, key_ids, dest, 100, *out)
+    assert out[0].tolist() == [101, 100, 104]
+    assert out[1].tolist() == [SCAN.T_RAW, SCAN.T_STR, 3]
+    assert out[2].tolist() == [10, 11, -7]
+    bad = {
+        "string": (values.copy(), ids[:1], key_ids, dest),  # string id 1 of a table of 1
+        "key": (values, ids, np.array([5, 0], dtype=np.int32), dest),
+        "place": (values, ids, key_ids, np.array([0, 2], dtype=np.int64)),  # 2 + 2 > 3
+    }
+    for v, i, k, d in bad.values():
+        with pytest.raises(ValueError, match="out of range"):
+            SCAN.place_args(starts, ev, types, v, i, k, d, 0, *out)
