@@ -657,14 +657,13 @@ def _split_steps(
     rank[ev_order] = np.arange(n)
     local_of = (rank - ev_bounds[step_of]).astype(np.int32)  # a row's index in its step
     # The arguments are put in step order beside the events' columns (numpy's sorts and
-    # gathers release the GIL), on a large span partly in a second thread.
-    # The other thread takes the first arguments, some 70% of their entries; this one its
-    # own columns first, then the rest (the first step came soonest so: 11 ms on the 10x
-    # copy against 16 ms in one thread, 12.5 ms with all of them in the other; 53 against
-    # 67 ms with all of them there on the 50x copy).
+    # gathers release the GIL). On a large span a second thread takes the first arguments,
+    # some 70% of their entries, and this one the rest after its own columns: the first
+    # step came soonest so (11 ms on the 10x copy against 16 ms in one thread and 12.5 ms
+    # with all of them in the other; 53 against 67 ms with all of them there on the 50x).
     sizes = np.cumsum([0] + [a.rows.size for a in attrs])
-    half = int(np.searchsorted(sizes, sizes[-1] * 0.7))
-    split_attrs = Background(_attrs_by_step, attrs[:half], rank, step_of, local_of, n_steps)
+    split_at = int(np.searchsorted(sizes, sizes[-1] * 0.7))
+    split_attrs = Background(_attrs_by_step, attrs[:split_at], rank, step_of, local_of, n_steps)
     split_attrs.run_or_start(n)
     ordered = {name: col[ev_order] for name, col in columns.items()}
     del columns
@@ -684,7 +683,7 @@ def _split_steps(
     same = (frow >= 0) & (step_of[bound] == flow_step[f_order])
     f_ordered["row"] = np.where(same, local_of[bound], -1).astype(np.int32)
     del frow, bound, same
-    rest = _attrs_by_step(attrs[half:], rank, step_of, local_of, n_steps)
+    rest = _attrs_by_step(attrs[split_at:], rank, step_of, local_of, n_steps)
     attr_split = split_attrs.result() + rest
     if split_attrs.threaded:
         # The other thread's temporaries of the span's pieces, before the steps are made:
