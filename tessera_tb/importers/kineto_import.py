@@ -28,7 +28,7 @@ import numpy as np
 # rather than in the middle of the first import.
 import numpy.ma  # noqa: F401
 
-from tessera_tb.importers import kineto_decode, kineto_stream, nvml_csv
+from tessera_tb.importers import background, kineto_decode, kineto_stream, nvml_csv
 from tessera_tb.importers.kineto_span import StringTable, stream_span
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import layout, run_placement
@@ -343,8 +343,9 @@ class StepWriterInline:
         pass
 
 
-# A span of fewer events than this is written by StepWriterInline.
-INLINE_SPAN_EVENTS = 20_000
+# A span of fewer events than this is written by StepWriterInline: the size below which
+# a span's numpy pieces run in one thread too, for the same reason.
+INLINE_SPAN_EVENTS = background.PARALLEL_ROWS
 
 
 def step_writer(
