@@ -2,7 +2,8 @@
 
 Both packers run on every step of every shared trace and on arrays made to sit on each rule's
 edge: the 64-byte compression floor, the size where the delta choice moves to probe blocks,
-columns that compress to nothing and columns that Zstandard cannot shrink.
+columns that compress to nothing and columns that Zstandard cannot shrink, and sizes around
+the sixteen values that the C byte planes take at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ pytestmark = needs_colpack()
 
 RNG = np.random.default_rng(11)
 PROBE_ABOVE = columns._DELTA_PROBE_BLOCKS * columns._DELTA_PROBE_VALUES * 2
+# up to 3 values each side of 16 and 32 (the C planes take sixteen at a time), and longer
+SMALL_SIZES = (0, 1, 2, 3, 7, 8, 9, 13, 15, 16, 17, 19, 32, 33, 35, 100, 5000)
 
 
 def _both(values, dtype, delta) -> tuple[pb.Column, pb.Column]:
@@ -32,7 +35,7 @@ def _both(values, dtype, delta) -> tuple[pb.Column, pb.Column]:
 def _arrays():
     """(name, values, dtype): every dtype, sizes on the rules' edges, values of every kind."""
     out = []
-    for n in (0, 1, 2, 3, 7, 8, 9, 100, 5000, PROBE_ABOVE, PROBE_ABOVE + 1, 40_000):
+    for n in (*SMALL_SIZES, PROBE_ABOVE, PROBE_ABOVE + 1, 40_000):
         out.append(
             (f"ns{n}", np.cumsum(RNG.integers(0, 5000, n)) + 1_795_329_702_837_034_000, "int64")
         )
@@ -86,6 +89,19 @@ def test_many_columns_in_one_call_match_one_at_a_time():
     for (name, values, dtype), col in zip(arrays, together):
         _, alone = _both(values, dtype, None)
         assert col == alone, name
+
+
+@pytest.mark.parametrize("dtype", ["<i2", "<i4", "<i8", "<f8"])
+def test_every_value_width_is_laid_out_as_numpy_does(dtype):
+    """Byte planes and differences of 2, 4 and 8-byte values (the file format has no 2-byte
+    column, but the C layout takes one), at every size around its sixteen-value blocks."""
+    for n in SMALL_SIZES:
+        values = RNG.integers(-(2**14), 2**14, n).astype(dtype)
+        mode = columns._PLAIN if values.dtype.kind == "f" else columns._CHOOSE
+        made = columns._colpack.layout_columns(
+            [(values, mode)], columns._MIN_COMPRESS_BYTES, columns._DELTA_PROBE_VALUES
+        )[0]
+        assert made == columns._layout(values, mode), (dtype, n)
 
 
 def test_unpackable_input_is_refused():
