@@ -503,31 +503,9 @@ static inline const char *simple_number(const char *q, const char *end, uint64_t
     return q;
 }
 
-/* A common number at s->p (simple_number's), with the value read_number gives it: 1 with
- * s->p after it and the value in *iv (*is_float 0: an integer within int64) or *dv
- * (*is_float 1), 0 (s->p unmoved) where read_number must read it. */
-static ALWAYS_INLINE int quick_number(Scan *s, int *is_float, int64_t *iv, double *dv) {
-    uint64_t m;
-    int frac, neg;
-    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
-    if (!q) return 0;
-    if (frac < 0) {
-        if (m > (uint64_t)INT64_MAX) return 0;
-        *iv = neg ? -(int64_t)m : (int64_t)m;
-    } else {
-        /* both exact doubles (frac <= 19): one correctly rounded divide, as read_number */
-        if (m > (1ULL << 53)) return 0;
-        double d = (double)m / POW10[frac];
-        *dv = neg ? -d : d;
-    }
-    *is_float = frac >= 0;
-    s->p = q;
-    return 1;
-}
-
 /* A JSON number at s->p. NUM_INT: *iv holds it; NUM_FLOAT: *dv; NUM_BIG: an integer beyond
  * int64 (dv holds it as a double). text and tlen: its text. Where numbers are common (ts,
- * dur, pid, tid, arguments) quick_number reads them first. */
+ * dur, pid, tid, arguments) number_at reads the usual ones first. */
 static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char **text,
                        size_t *tlen) {
     const char *q = s->p, *start = s->p, *end = s->end;
@@ -603,6 +581,31 @@ static int read_number(Scan *s, int *kind, int64_t *iv, double *dv, const char *
     if (is_float && isinf(*dv)) return fail(s, "number out of range");
     *kind = is_float ? NUM_FLOAT : NUM_BIG;
     return 0;
+}
+
+/* read_number's result for the number at s->p, the common ones (simple_number's) read
+ * inline: an integer within int64, or a decimal whose digits and scale are exact doubles
+ * (frac <= 19), one correctly rounded divide as read_number makes. */
+static ALWAYS_INLINE int number_at(Scan *s, int *kind, int64_t *iv, double *dv,
+                                   const char **text, size_t *tlen) {
+    uint64_t m;
+    int frac, neg;
+    const char *q = simple_number(s->p, s->end, &m, &frac, &neg);
+    if (q && (frac < 0 ? m <= (uint64_t)INT64_MAX : m <= (1ULL << 53))) {
+        if (frac < 0) {
+            *iv = neg ? -(int64_t)m : (int64_t)m;
+            *kind = NUM_INT;
+        } else {
+            double d = (double)m / POW10[frac];
+            *dv = neg ? -d : d;
+            *kind = NUM_FLOAT;
+        }
+        *text = s->p;
+        *tlen = (size_t)(q - s->p);
+        s->p = q;
+        return 0;
+    }
+    return read_number(s, kind, iv, dv, text, tlen);
 }
 
 
@@ -923,13 +926,12 @@ static int read_args(Scan *s) {
         } else if (c == 'n') {
             if (expect_literal(s, "null", 4) || add_arg(s, key, T_NULL, 0)) return -1;
         } else {
-            int kind, is_float;
+            int kind;
             int64_t iv;
             double dv;
             const char *text;
             size_t tlen;
-            if (quick_number(s, &is_float, &iv, &dv)) kind = is_float ? NUM_FLOAT : NUM_INT;
-            else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+            if (number_at(s, &kind, &iv, &dv, &text, &tlen)) return -1;
             if (kind == NUM_INT) {
                 if (add_arg(s, key, T_INT, iv)) return -1;
             } else if (kind == NUM_FLOAT) {
@@ -978,17 +980,12 @@ static inline int field_of(const char *k, size_t n) {
 /* pid/tid: an integer (kept as its decimal text) or a string. */
 static int read_track_part(Scan *s, int32_t *id) {
     if (*s->p == '"') return intern_string(s, id);
-    int kind, is_float;
+    int kind;
     int64_t iv;
     double dv;
-    const char *text = s->p;
+    const char *text;
     size_t tlen;
-    if (quick_number(s, &is_float, &iv, &dv)) {
-        kind = is_float ? NUM_FLOAT : NUM_INT;
-        tlen = (size_t)(s->p - text);
-    } else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) {
-        return -1;
-    }
+    if (number_at(s, &kind, &iv, &dv, &text, &tlen)) return -1;
     if (kind != NUM_INT) return fail(s, "pid/tid is not an integer");
     /* "-0" is the integer 0, whose text is "0". */
     if (iv == 0) {
@@ -1006,13 +1003,12 @@ static int read_time(Scan *s, double *out) {
         return expect_literal(s, "null", 4);
     }
     if (*s->p != '-' && (*s->p < '0' || *s->p > '9')) return fail(s, "ts/dur is not a number");
-    int kind, is_float;
+    int kind;
     int64_t iv;
     double dv;
     const char *text;
     size_t tlen;
-    if (quick_number(s, &is_float, &iv, &dv)) kind = is_float ? NUM_FLOAT : NUM_INT;
-    else if (read_number(s, &kind, &iv, &dv, &text, &tlen)) return -1;
+    if (number_at(s, &kind, &iv, &dv, &text, &tlen)) return -1;
     *out = kind == NUM_INT ? (double)iv : dv;
     return 0;
 }
