@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import threading
 from urllib.parse import quote
 
 import pytest
@@ -25,6 +26,20 @@ def shared_trace_files() -> list[str]:
 
 def trace_id(path: str) -> str:
     return os.path.relpath(path, SHARED_TRACES)
+
+
+@pytest.fixture
+def started_threads(monkeypatch) -> list[str]:
+    """The names of the threads started from here on, in order (Thread.start spied on)."""
+    names: list[str] = []
+    real_start = threading.Thread.start
+
+    def spy(thread: threading.Thread) -> None:
+        names.append(thread.name)
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", spy)
+    return names
 
 
 @pytest.fixture(scope="session")

@@ -30,21 +30,7 @@ RESNET = os.path.join(
 )
 
 
-@pytest.fixture
-def started(monkeypatch) -> list[str]:
-    """The names of the threads started from here on."""
-    names: list[str] = []
-    real_start = threading.Thread.start
-
-    def spy(self):
-        names.append(self.name)
-        return real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", spy)
-    return names
-
-
-def test_pieces_in_threads_make_the_same_files(tmp_path, monkeypatch, started):
+def test_pieces_in_threads_make_the_same_files(tmp_path, monkeypatch, started_threads):
     inputs = {"stack": [STACK], "ddp": [DDP], "fsdp": [FSDP], "resnet": [RESNET]}  # 8 spans
 
     def imported(where: str) -> dict[str, bytes]:
@@ -56,19 +42,21 @@ def test_pieces_in_threads_make_the_same_files(tmp_path, monkeypatch, started):
 
     monkeypatch.setattr(background, "PARALLEL_ROWS", 10**12)  # every piece in turn
     alone = imported("a")
-    assert "tessera-background" not in started
+    assert "tessera-background" not in started_threads
     monkeypatch.setattr(background, "PARALLEL_ROWS", 0)  # two at a time, on every span
     both = imported("b")
-    assert started.count("tessera-background") == 4 * 8  # 4 pieces per span
+    assert started_threads.count("tessera-background") == 4 * 8  # 4 pieces per span
     assert len(alone) > 8 * 2
     assert_same_files(both, alone)
 
 
-def test_a_large_span_runs_its_pieces_in_threads_and_a_small_one_does_not(tmp_path, started):
+def test_a_large_span_runs_its_pieces_in_threads_and_a_small_one_does_not(
+    tmp_path, started_threads
+):
     import_traces([STACK], str(tmp_path / "small"), "r")  # 11,404 events
-    assert "tessera-background" not in started
+    assert "tessera-background" not in started_threads
     import_traces([RESNET], str(tmp_path / "large"), "r")  # 75,718 events
-    assert started.count("tessera-background") == 4
+    assert started_threads.count("tessera-background") == 4
 
 
 def test_an_error_beside_a_running_piece_is_raised_and_the_piece_ends(tmp_path, monkeypatch):

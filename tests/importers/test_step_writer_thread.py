@@ -35,22 +35,16 @@ def test_steps_encoded_in_threads_are_the_same_files(encoders, tmp_path, monkeyp
     assert_same_files(a, b)
 
 
-def test_a_small_span_is_written_without_threads_to_the_same_files(tmp_path, monkeypatch):
+def test_a_small_span_is_written_without_threads_to_the_same_files(
+    tmp_path, monkeypatch, started_threads
+):
     """Spans of fewer than INLINE_SPAN_EVENTS events are encoded and written in the calling
     thread (no thread is started for them); the files are those the threads write."""
-    started = []
-    real_start = threading.Thread.start
-
-    def spy(self):
-        started.append(self.name)
-        return real_start(self)
-
-    monkeypatch.setattr(threading.Thread, "start", spy)
     inline = import_traces([DDP, STACK], str(tmp_path / "a"), "r", jobs=1)
-    assert not [n for n in started if n.startswith(("tessera-encode", "tessera-write"))]
+    assert not [n for n in started_threads if n.startswith(("tessera-encode", "tessera-write"))]
     monkeypatch.setattr(kineto_import, "INLINE_SPAN_EVENTS", 0)
     threaded = import_traces([DDP, STACK], str(tmp_path / "b"), "r", jobs=1)
-    assert [n for n in started if n.startswith("tessera-write")]
+    assert [n for n in started_threads if n.startswith("tessera-write")]
     assert_same_files(_run_files(inline.run_dir), _run_files(threaded.run_dir))
 
 

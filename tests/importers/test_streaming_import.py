@@ -44,25 +44,22 @@ def _same_columns(a: dict, b: dict) -> None:
             assert bytes(a[key]) == bytes(b[key]), key
 
 
-def test_a_text_of_one_piece_is_read_without_a_thread(monkeypatch):
+def test_a_text_of_one_piece_is_read_without_a_thread(monkeypatch, started_threads):
     """A text no longer than the first piece (the two small shared traces) is read in the
     calling thread, to the same columns as the whole-text scan; a longer one (below the
     split) is read ahead in one thread."""
     monkeypatch.setenv("TESSERA_PURE_PYTHON", "0")
     small = [p for p in shared_trace_files() if len(kineto_decode.read_bytes(p)) <= (1 << 20)]
     assert len(small) >= 2
-    started = []
-    real_start = threading.Thread.start
-    monkeypatch.setattr(threading.Thread, "start", lambda t: started.append(t) or real_start(t))
     for path in small:
         trace = kineto_decode.read_trace(path)
         _same_columns(
             trace.scan, kineto_decode._kineto_scan.scan_events(kineto_decode.read_bytes(path))
         )
-    assert started == []
+    assert started_threads == []
     sizes = {p: len(kineto_decode.read_bytes(p)) for p in shared_trace_files()}
     kineto_decode.read_trace(next(p for p, n in sizes.items() if (1 << 20) < n < (16 << 20)))
-    assert [t.name for t in started] == ["tessera-gunzip"]
+    assert started_threads == ["tessera-gunzip"]
 
 
 @pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
