@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -256,10 +256,15 @@ def _gunzip(data: bytes) -> bytes:
     return out
 
 
-def _prefetched(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
+T = TypeVar("T")
+
+
+def _prefetched(pieces: Iterator[T], depth: int = 2, name: str = "tessera-gunzip") -> Iterator[T]:
     """The same pieces, read and inflated ahead in a thread: gunzip and file reads release
     the GIL, so they overlap the scanner (which releases it too) on a second core. At most
-    `depth` pieces wait, so memory stays bounded."""
+    `depth` pieces wait, so memory stays bounded. Any iterator of items other than None
+    goes (the bounded import's batches are scanned ahead so too); a generator is closed in
+    that thread when it stops, so one that prefetches in turn stops its own thread."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
@@ -272,8 +277,12 @@ def _prefetched(pieces: Iterator[bytes], depth: int = 2) -> Iterator[bytes]:
             q.put((None, None))
         except BaseException as exc:  # handed to the reading thread, raised there
             q.put((None, exc))
+        finally:
+            close = getattr(pieces, "close", None)
+            if close is not None:
+                close()
 
-    thread = threading.Thread(target=produce, name="tessera-gunzip", daemon=True)
+    thread = threading.Thread(target=produce, name=name, daemon=True)
     thread.start()
     try:
         while True:
