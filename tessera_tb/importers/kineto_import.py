@@ -343,6 +343,10 @@ class StepWriterInline:
         pass
 
 
+# While a file's steps are written, a progress line at most this often (a file read in
+# bounded memory spends most of a minute per few GB there).
+PROGRESS_SECONDS = 10.0
+
 # A span of fewer events than this is written by StepWriterInline: the size below which
 # a span's numpy pieces run in one thread too, for the same reason.
 INLINE_SPAN_EVENTS = background.PARALLEL_ROWS
@@ -397,6 +401,7 @@ def _import_worker(
             # A staging directory, renamed into place whole once every file converted.
             writer = WorkerWriter(run_dir, meta, staged=True)
         written = 0
+        next_report = time.perf_counter() + PROGRESS_SECONDS
         # Steps are encoded (compressed) in threads, two at once on two CPUs, and saved in
         # order while the next one is cut from the span's columns; memory holds the span's
         # columns and at most four steps. A small span's steps are written as they come.
@@ -424,6 +429,12 @@ def _import_worker(
                 result.steps.append(step.step)
                 written += 1
                 del step
+                if time.perf_counter() >= next_report:
+                    next_report = time.perf_counter() + PROGRESS_SECONDS
+                    progress(
+                        f"{worker}: {os.path.basename(path)}: {written:,} of "
+                        f"{span.step_count:,} steps written ({time.perf_counter() - t0:.1f} s)"
+                    )
         warnings.extend(span.warnings)
         result.events += span.event_count
         result.json_bytes += trace.json_bytes

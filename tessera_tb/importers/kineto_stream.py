@@ -507,6 +507,10 @@ class StreamedFile:
         try:
             self._first = _FirstPass(path, self.spill_dir)
             self.meta, self.json_bytes = self._read(batch_events)
+            self._progress(
+                f"{os.path.basename(path)}: {self.json_bytes / 1e6:,.0f} MB of JSON read, "
+                f"{sum(b.n for b in self._first.batches):,} events spilled; grouping them by step"
+            )
             self.base_ns = int(self.meta.get("baseTimeNanoseconds") or 0)
             self._intern()
             self._tracks()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import threading
 
 import pytest
@@ -110,9 +111,22 @@ def test_an_import_read_in_bounded_memory_writes_the_same_run(traces, tmp_path, 
     monkeypatch.setattr(kineto_stream, "PROGRESS_BYTES", 1 << 20)
     monkeypatch.setattr(kineto_stream, "BATCH_EVENTS", 2000)
     monkeypatch.setattr(kineto_decode, "TEXT_CHUNK", 256 << 10)
+    monkeypatch.setattr(kineto_import, "PROGRESS_SECONDS", 0.0)
     lines: list[str] = []
     bounded = kineto_import.import_traces([traces], str(tmp_path / "b"), "r", progress=lines.append)
     assert any("read in bounded memory" in line for line in lines)
+    assert any(line.endswith("events spilled; grouping them by step") for line in lines)
+    # While steps are written, a line at most every PROGRESS_SECONDS (here: after each).
+    per_file: dict[str, list[tuple[int, int]]] = {}
+    for line in lines:
+        m = re.search(r"(\S+\.json(?:\.gz)?): ([\d,]+) of ([\d,]+) steps written \(", line)
+        if m:
+            done, count = (int(g.replace(",", "")) for g in m.group(2, 3))
+            per_file.setdefault(m.group(1), []).append((done, count))
+    assert len(per_file) == sum(len(w.files) for w in bounded.workers)
+    for seen in per_file.values():
+        count = seen[0][1]
+        assert seen == [(k, count) for k in range(1, count + 1)]
     # A line per MB of JSON read (per GB by default), naming the worker and file.
     read = [line for line in lines if " MB of JSON read, " in line and "events spilled" in line]
     assert len(read) >= int(bounded.json_bytes / (1 << 20)) - len(bounded.workers)
