@@ -34,6 +34,8 @@ from tessera_tb.trace.columns import DEFLATE_ERRORS
 from tessera_tb.trace.columns import deflate_module as deflate
 from tessera_tb.trace.errors import TraceFormatError
 
+T = TypeVar("T")
+
 
 class RawEvent(msgspec.Struct):
     """One entry of `traceEvents`, as the Chrome trace format spells it."""
@@ -254,9 +256,6 @@ def _gunzip(data: bytes) -> bytes:
     if d.unused_data.strip(b"\x00"):
         return gzip.decompress(data)  # several gzip members: let gzip concatenate them
     return out
-
-
-T = TypeVar("T")
 
 
 def _prefetched(pieces: Iterator[T], depth: int = 2, name: str = "tessera-gunzip") -> Iterator[T]:

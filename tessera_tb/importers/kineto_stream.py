@@ -91,6 +91,7 @@ from tessera_tb.trace.errors import TraceFormatError
 from tessera_tb.trace.step import IS_DEVICE_WORK, IS_LAUNCH, KIND, StepData
 
 T = TypeVar("T")
+
 # Events per batch of the first pass (about 20 MB of scanner columns).
 BATCH_EVENTS = 1 << 17
 # Events per part of the third pass (about 100 MB while its steps are built).
