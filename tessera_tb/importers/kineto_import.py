@@ -634,6 +634,10 @@ def import_traces(
         raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)") from None
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None
+    except OSError as exc:
+        # Writing the run or the scratch files of a large trace (a full disk, a read-only
+        # directory): the place and the problem, in one line, not a traceback.
+        raise ImportFailed(f"{exc.filename or dest}: {exc.strerror or exc}") from None
     finally:
         if os.path.lexists(tmp_run):  # gone already, unless it failed or holds the old run
             shutil.rmtree(tmp_run, ignore_errors=True)

@@ -6,6 +6,7 @@ in the middle of the file leaves nothing behind (no run, no scratch directory)."
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
@@ -240,3 +241,25 @@ def test_damage_in_the_middle_leaves_no_run_and_no_scratch(damage, reader, tmp_p
     assert_same_files(file_contents(logdir / "run"), before)
     assert sorted(os.listdir(logdir)) == ["run"]  # no staging, no scratch directory
     assert not [t for t in threading.enumerate() if t.name == "tessera-gunzip"]
+
+
+def test_a_full_disk_while_spilling_fails_in_one_line_leaving_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_IMPORT_STREAM", "always")
+    monkeypatch.setattr(kineto_stream, "BATCH_EVENTS", 3000)
+    real_spill = kineto_stream._spill
+    spilled = []
+
+    def spill(path, arrays):
+        spilled.append(path)
+        if len(spilled) == 3:  # a batch of the first pass: the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        return real_spill(path, arrays)
+
+    monkeypatch.setattr(kineto_stream, "_spill", spill)
+    logdir = tmp_path / "runs"
+    before = set(threading.enumerate())
+    with pytest.raises(kineto_import.ImportFailed) as err:
+        kineto_import.import_traces([GPT], str(logdir), "r")
+    assert str(err.value) == f"{spilled[2]}: No space left on device"
+    assert os.listdir(logdir) == []  # no run, no staging, no scratch directory
+    assert set(threading.enumerate()) <= before  # the reading and scratch threads ended
