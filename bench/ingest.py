@@ -555,7 +555,7 @@ def _row(inp: Input) -> list[str]:
     if j:
         cells += [_f(j["wall_s"], ".3f", 6), _f(j["peak_rss_mb"], ".0f", 6)]
     else:
-        cells += ["ERR".rjust(6), "-".rjust(6)]
+        cells += [("ERR" if "json" in inp.errors else "skip").rjust(6), "-".rjust(6)]
     return cells
 
 
