@@ -603,12 +603,15 @@ def import_traces(
         raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)")
     parent = os.path.dirname(dest)
     made_parent = not os.path.isdir(parent)
-    os.makedirs(parent, exist_ok=True)
-    # Built beside its destination (same file system), hidden from run discovery, and
-    # renamed into place whole, exclusively (trace/run_placement.py). Staging directories
-    # of earlier imports killed on the way go first.
-    run_placement.remove_stale_staging(parent)
-    tmp_run = run_placement.make_staging_dir(parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        # Built beside its destination (same file system), hidden from run discovery, and
+        # renamed into place whole, exclusively (trace/run_placement.py). Staging
+        # directories of earlier imports killed on the way go first.
+        run_placement.remove_stale_staging(parent)
+        tmp_run = run_placement.make_staging_dir(parent)
+    except OSError as exc:  # a logdir under a file, a read-only directory, a full disk
+        raise ImportFailed(f"{exc.filename or parent}: {exc.strerror or exc}") from None
     warnings: list[str] = []
     try:
         # Millions of objects are made and freed by reference counting alone; the

@@ -36,6 +36,14 @@ def test_unknown_worker_is_an_error_listing_the_known_ones(tmp_path):
     assert "rank7" in proc.stderr and "rank0" in proc.stderr
 
 
+def test_a_logdir_that_cannot_be_made_is_a_one_line_error(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    logdir = tmp_path / "a_file" / "runs"
+    proc = _cli(GPT, "--logdir", str(logdir), "-q")
+    assert proc.returncode == 2
+    assert proc.stderr == f"tessera-prof import: error: {logdir}: Not a directory\n"
+
+
 def test_progress_names_each_file_and_its_steps(tmp_path):
     proc = _cli(DDP, "--logdir", str(tmp_path), "--run", "p")
     assert proc.returncode == 0
