@@ -567,6 +567,12 @@ def select_workers_and_run(
     return by_worker, run
 
 
+def _os_failure(exc: OSError, where: str) -> ImportFailed:
+    """An import's OSError (a full disk, a read-only directory, a logdir under a file) as
+    one line naming the file and the problem, not a traceback; `where` when it names none."""
+    return ImportFailed(f"{exc.filename or where}: {exc.strerror or exc}")
+
+
 def import_traces(
     paths: list[str],
     logdir: str,
@@ -611,7 +617,7 @@ def import_traces(
         run_placement.remove_stale_staging(parent)
         tmp_run = run_placement.make_staging_dir(parent)
     except OSError as exc:  # a logdir under a file, a read-only directory, a full disk
-        raise ImportFailed(f"{exc.filename or parent}: {exc.strerror or exc}") from None
+        raise _os_failure(exc, parent) from None
     warnings: list[str] = []
     try:
         # Millions of objects are made and freed by reference counting alone; the
@@ -637,10 +643,8 @@ def import_traces(
         raise ImportFailed(f"{dest}: run already exists (pass --overwrite to replace it)") from None
     except TraceFormatError as exc:
         raise ImportFailed(str(exc)) from None
-    except OSError as exc:
-        # Writing the run or the scratch files of a large trace (a full disk, a read-only
-        # directory): the place and the problem, in one line, not a traceback.
-        raise ImportFailed(f"{exc.filename or dest}: {exc.strerror or exc}") from None
+    except OSError as exc:  # writing the run or a large trace's scratch files
+        raise _os_failure(exc, dest) from None
     finally:
         if os.path.lexists(tmp_run):  # gone already, unless it failed or holds the old run
             shutil.rmtree(tmp_run, ignore_errors=True)
