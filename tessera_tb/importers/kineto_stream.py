@@ -892,10 +892,7 @@ class StreamedFile:
         pending: Background | None = None
         try:
             for p in range(len(self.parts)):
-                if pending is None:
-                    pending = Background(self._built_part, p, unbound)
-                    pending.run()
-                steps = pending.result()
+                steps = self._built_part(p, unbound) if pending is None else pending.result()
                 pending = None
                 if p + 1 < len(self.parts):
                     pending = Background(self._built_part, p + 1, unbound)
@@ -911,15 +908,13 @@ class StreamedFile:
                 pending.join()  # its part's files are read before the scratch goes
             self.close()
 
-    def _built_part(self, p: int, unbound: list[int]) -> list[StepData] | Iterator[StepData]:
+    def _built_part(self, p: int, unbound: list[int]) -> Iterator[StepData]:
         """Part p's steps: its span built and its first step cut (the rows of the part put
         in step order), then the rest as they are asked for."""
         lo, hi = self.parts[p]
         steps = iter(self._part_span(p, lo, hi, unbound).steps)
         first = next(steps, None)
-        if first is None:
-            return []
-        return itertools.chain([first], steps)
+        return steps if first is None else itertools.chain([first], steps)
 
     def _part_span(self, p: int, lo: int, hi: int, unbound: list[int]) -> SpanStream:
         f, plan = self._first, self._plan
@@ -1272,9 +1267,7 @@ def _scanned_batches(
             taken_strings += len(batch["strings"])
             taken_events += int(batch["n"])
             yield batch, size
-    batch = scanner.take(taken_strings)
-    taken_strings += len(batch["strings"])
-    yield batch, size
+    yield scanner.take(taken_strings), size
     yield scanner.finish(), size
 
 
