@@ -263,3 +263,22 @@ def test_a_full_disk_while_spilling_fails_in_one_line_leaving_nothing(tmp_path, 
     assert str(err.value) == f"{spilled[2]}: No space left on device"
     assert os.listdir(logdir) == []  # no run, no staging, no scratch directory
     assert set(threading.enumerate()) <= before  # the reading and scratch threads ended
+
+
+def test_scratch_files_are_removed_once_read_for_the_last_time(tmp_path):
+    """A batch's file goes once it is regrouped by part, a part's files once the part is
+    built: the scratch directory holds the file's columns about once, not twice."""
+    path = os.path.join(FSDP, sorted(f for f in os.listdir(FSDP) if f.endswith(".gz"))[0])
+    f = kineto_stream.StreamedFile(path, StringTable(), 0, str(tmp_path), part_events=1)
+    f._deleter.finish()  # (removals run in a thread: wait for those asked for so far)
+    names = os.listdir(f.spill_dir)
+    assert names and all(n.startswith("part_") for n in names)  # no batch file left
+    assert len(f.parts) >= 3
+    first_of_part = {lo: p for p, (lo, _) in enumerate(f.parts)}
+    for k, _ in enumerate(f.steps()):
+        p = first_of_part.get(k)
+        if p is not None and p >= 1:  # part p handed out; part p + 1 may be building
+            f._deleter.finish()
+            left = {int(n.split("_")[1]) for n in os.listdir(f.spill_dir)}
+            assert all(q >= p for q in left)  # the files of parts before p are gone
+    assert not os.path.exists(f.spill_dir)
