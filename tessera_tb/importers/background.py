@@ -5,6 +5,7 @@ the longer one."""
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,11 @@ from typing import Any
 # A span of fewer rows than this does its pieces one after the other, in the calling
 # thread: starting and joining a thread costs more than such a span's pieces take.
 PARALLEL_ROWS = 20_000
+
+
+def two_cpus() -> bool:
+    """Whether there are two CPUs or more: where the import's work is worth a second thread."""
+    return (os.cpu_count() or 1) >= 2
 
 
 def release_freed_memory() -> None:

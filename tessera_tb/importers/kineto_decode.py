@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 
 from tessera_tb.importers.arrays import distinct
+from tessera_tb.importers.background import two_cpus
 from tessera_tb.trace.columns import DEFLATE_ERRORS
 from tessera_tb.trace.columns import deflate_module as deflate
 from tessera_tb.trace.errors import TraceFormatError
@@ -422,7 +423,7 @@ SPLIT_ABOVE_BYTES = 16 << 20
 
 
 def worth_splitting(text_bytes: int) -> bool:
-    return text_bytes > SPLIT_ABOVE_BYTES and (os.cpu_count() or 1) >= 2
+    return text_bytes > SPLIT_ABOVE_BYTES and two_cpus()
 
 
 def read_trace(path: str) -> RawTrace:

@@ -366,7 +366,7 @@ def step_writer(
 def encoder_threads() -> int:
     """Threads that encode one worker's steps at once: two where there are two CPUs or
     more (compression runs beside the cutting of the next step), else one."""
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
+    return 2 if background.two_cpus() else 1
 
 
 def _import_worker(

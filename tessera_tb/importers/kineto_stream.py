@@ -50,7 +50,7 @@ import numpy as np
 
 from tessera_tb.importers import kineto_decode
 from tessera_tb.importers.arrays import distinct
-from tessera_tb.importers.background import Background
+from tessera_tb.importers.background import Background, two_cpus
 from tessera_tb.importers.kineto_columns import (
     _FLOW_PHASES,
     _PROMOTED,
@@ -1221,7 +1221,7 @@ def _each_batch(fn: Callable[[Any], T], items: list) -> Iterator[T]:
     (numpy releases the GIL for most of a batch's work, and the spill files' reads and
     writes do too): the second pass over the 120x copy took 0.52-0.57 s instead of
     0.69-0.82 s."""
-    if len(items) < 2 or (os.cpu_count() or 1) < 2:
+    if len(items) < 2 or not two_cpus():
         yield from map(fn, items)
         return
     pool = ThreadPoolExecutor(2, thread_name_prefix="tessera-pass2")
