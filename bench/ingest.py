@@ -56,8 +56,9 @@ GOAL_X50_MB_S = 250.0
 X10_LABEL = "scaled: 1gpu x10"
 X50_LABEL = "scaled: 1gpu x50"
 HUGE_BYTES = 5e9
-# The scaled text holds ~2.55 MB of JSON per copy of the single-GPU trace.
-HUGE_FACTOR = 1960
+# The scaled text holds ~3.6 MB of JSON per copy of the single-GPU trace (its events as
+# Kineto spells them: bench/scale_trace.py).
+HUGE_FACTOR = 1390
 
 RESULT_MARK = "INGEST_RESULT "
 

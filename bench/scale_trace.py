@@ -27,9 +27,15 @@ spans all copies: one step then holds every event (factor 50 of the single-GPU t
 
 Metadata events (ph "M") and the top-level keys (baseTimeNanoseconds, deviceProperties,
 distributedInfo, ...) are kept once. The output is gzip at level 9, as the PyTorch profiler
-writes it, so size ratios against the scaled file mean what they mean for a real one. The
-JSON is one event per line but compact inside a line, so it is ~17% fewer bytes per event
-than Kineto's indented text.
+writes it, so size ratios against the scaled file mean what they mean for a real one.
+
+Each event keeps its text as the source spells it (Kineto's indentation and line breaks),
+with only the values a copy changes spelled anew (a shifted `ts` with the source's number
+of decimals where that reads back as the same number), so a copy has the source's bytes
+per event and MB/s of JSON on it means what it means on a real trace. Every changed event
+is read back and compared with the copy it stands for; one that does not read back the
+same (a key in an order the substitution does not expect) is written as compact JSON
+instead, and counted.
 """
 
 from __future__ import annotations
@@ -151,6 +157,14 @@ def iter_scaled_events(
 ) -> Iterator[dict]:
     """scale_events one event at a time: a copy is made only when written, so a scaled
     trace of any size takes the memory of the source trace."""
+    return (e for _, e in _iter_scaled(events, factor, one_step=one_step, gap_us=gap_us))
+
+
+def _iter_scaled(
+    events: list[dict], factor: int, *, one_step: bool = False, gap_us: int | None = None
+) -> Iterator[tuple[dict | None, dict]]:
+    """(source event, its copy) of each event of the scaled trace; the source event is
+    None for the one step made by `one_step`, and is the copy itself where it is unchanged."""
     plan, meta, strides, info = _plan(events)
     if not math.isfinite(info["t_min"]):
         raise ValueError("the trace holds no timed events")
@@ -165,23 +179,26 @@ def iter_scaled_events(
             raise ValueError("--one-step needs the trace's ProfilerStep# user_annotation events")
         pid, tid = info["step_track"]
         yield (
-            {
-                "ph": "X",
-                "cat": "user_annotation",
-                "name": f"ProfilerStep#{info['first_step']}",
-                "pid": pid,
-                "tid": tid,
-                "ts": info["t_min"],
-                "dur": round(period_us * (factor - 1) + extent_us, 3),
-                "args": {
-                    "External id": strides.get("external", 1) * factor,
-                    "Record function id": 0,
-                    "Ev Idx": strides.get("ev_idx", 0) * factor,
-                },
-            }
+            None,
+            (
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{info['first_step']}",
+                    "pid": pid,
+                    "tid": tid,
+                    "ts": info["t_min"],
+                    "dur": round(period_us * (factor - 1) + extent_us, 3),
+                    "args": {
+                        "External id": strides.get("external", 1) * factor,
+                        "Record function id": 0,
+                        "Ev Idx": strides.get("ev_idx", 0) * factor,
+                    },
+                }
+            ),
         )
     # Metadata events describe processes and threads: once, where they were.
-    yield from meta
+    yield from ((e, e) for e in meta)
     for k in range(factor):
         shift_us = k * period_us
         offsets = {ns: k * s for ns, s in strides.items()}
@@ -190,7 +207,7 @@ def iter_scaled_events(
             if step is not None and one_step:
                 continue
             if k == 0 and step is None:
-                yield e
+                yield e, e
                 continue
             ne = dict(e)
             if "ts" in ne:
@@ -204,11 +221,68 @@ def iter_scaled_events(
                 ne["id"] += corr_off
             if step is not None:
                 ne["name"] = f"ProfilerStep#{step + k * step_stride}"
-            yield ne
+            yield e, ne
+
+
+# A JSON scalar: a number, or a string (escapes included).
+_SCALAR = rb'(-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?|"(?:[^"\\]|\\.)*")'
+
+
+class _Respeller:
+    """A copied event's text: the source event's own text with the values the copy changed
+    spelled anew (see the module doc); `fallbacks` counts the events written compact."""
+
+    def __init__(self) -> None:
+        self.patterns: dict[str, re.Pattern] = {}
+        self.fallbacks = 0
+
+    def _value_at(self, key: str) -> re.Pattern:
+        pattern = self.patterns.get(key)
+        if pattern is None:
+            quoted = msgspec.json.encode(key)
+            pattern = self.patterns[key] = re.compile(re.escape(quoted) + rb"\s*:\s*" + _SCALAR)
+        return pattern
+
+    def _replaced(self, text: bytes, key: str, value: Any) -> bytes | None:
+        m = self._value_at(key).search(text)
+        if m is None:
+            return None
+        return text[: m.start(1)] + _spelling(value, m.group(1)) + text[m.end(1) :]
+
+    def text(self, raw: bytes, old: dict, new: dict) -> bytes:
+        # Kineto writes an event's own keys first and its "args" object last.
+        cut = raw.find(b'"args"')
+        head, tail = (raw, b"") if cut < 0 else (raw[:cut], raw[cut:])
+        for key in ("ts", "id", "name"):
+            if key in new and new[key] != old.get(key) and head is not None:
+                head = self._replaced(head, key, new[key])
+        old_args, new_args = old.get("args") or {}, new.get("args") or {}
+        for key, value in new_args.items():
+            if value != old_args.get(key) and tail is not None:
+                tail = self._replaced(tail, key, value)
+        if head is not None and tail is not None:
+            text = head + tail
+            if msgspec.json.decode(text) == new:
+                return text
+        self.fallbacks += 1
+        return msgspec.json.encode(new)
+
+
+def _spelling(value: Any, old: bytes) -> bytes:
+    """`value` as JSON; a float with as many decimals as `old` had, where that reads back
+    as the same number (Kineto writes µs with 3), else its shortest spelling."""
+    if isinstance(value, float) and b"." in old and b"e" not in old.lower():
+        decimals = len(old) - old.index(b".") - 1
+        text = f"{value:.{decimals}f}".encode()
+        if float(text) == value:
+            return text
+    return msgspec.json.encode(value)
 
 
 def _write(trace: dict, out, chunk_events: int = 20_000) -> None:
-    """JSON text with one trace event per line (greppable after zcat), written in chunks."""
+    """JSON text: the top-level members with the stdlib's spacing, then the events, each
+    as its text (bytes) or compact JSON (a dict), one after the other as Kineto lays them
+    out; written in chunks."""
     first = True
     out.write(b"{")
     for key, value in trace.items():
@@ -219,15 +293,17 @@ def _write(trace: dict, out, chunk_events: int = 20_000) -> None:
             # regex '"rank":\s+(\d+)', which compact JSON would not match.
             out.write(json.dumps({key: value})[1:-1].encode())
             continue
-        out.write(b'"traceEvents":[\n')
+        out.write(b'"traceEvents": [\n  ')
         events = iter(value)
         first_batch = True
         while batch := list(itertools.islice(events, chunk_events)):
             if not first_batch:
-                out.write(b",\n")
+                out.write(b",\n  ")
             first_batch = False
-            out.write(b",\n".join(map(msgspec.json.encode, batch)))
-        out.write(b"\n]")
+            out.write(
+                b",\n  ".join(e if isinstance(e, bytes) else msgspec.json.encode(e) for e in batch)
+            )
+        out.write(b"\n  ]")
     out.write(b"}\n")
 
 
@@ -256,12 +332,28 @@ def scale_trace(
 ) -> int:
     """Write the scaled trace to `out_path` (gzip); returns its number of events."""
     with gzip.open(in_path, "rb") if in_path.endswith(".gz") else open(in_path, "rb") as f:
-        trace = msgspec.json.decode(f.read())
+        data = f.read()
+    trace = msgspec.json.decode(data)
     if isinstance(trace, list):
         trace = {"traceEvents": trace}
-    counted = _Counted(
-        iter_scaled_events(trace["traceEvents"], factor, one_step=one_step, gap_us=gap_us)
-    )
+        texts = msgspec.json.decode(data, type=list[msgspec.Raw])
+    else:
+        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+        texts = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
+    text_of = {id(e): bytes(t) for e, t in zip(trace["traceEvents"], texts)}
+    respell = _Respeller()
+
+    def event_texts() -> Iterator[bytes | dict]:
+        pairs = _iter_scaled(trace["traceEvents"], factor, one_step=one_step, gap_us=gap_us)
+        for source, event in pairs:
+            if source is None:
+                yield event
+            elif event is source:
+                yield text_of[id(source)]
+            else:
+                yield respell.text(text_of[id(source)], source, event)
+
+    counted = _Counted(event_texts())
     # Keep the top-level keys once, in their original order.
     scaled = {k: (counted if k == "traceEvents" else v) for k, v in trace.items()}
     with open(out_path, "wb") as f:
@@ -271,16 +363,22 @@ def scale_trace(
             sink.close()
         else:
             _write(scaled, f)
+    if respell.fallbacks:
+        print(
+            f"{out_path}: {respell.fallbacks:,} events written as compact JSON (their text "
+            "did not read back as the copy)",
+            file=sys.stderr,
+        )
     return counted.n
 
 
 class _Counted:
     """An iterator that counts what it yields."""
 
-    def __init__(self, items: Iterator[dict]) -> None:
+    def __init__(self, items: Iterator) -> None:
         self.items, self.n = items, 0
 
-    def __iter__(self) -> Iterator[dict]:
+    def __iter__(self) -> Iterator:
         for item in self.items:
             self.n += 1
             yield item
