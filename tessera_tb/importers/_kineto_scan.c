@@ -50,6 +50,7 @@ enum { T_NULL = 0, T_FALSE = 1, T_TRUE = 2, T_INT = 3, T_FLOAT = 4, T_STR = 5, T
 
 #define MAX_DEPTH 512
 #define MAX_NUMBER_CHARS 96
+#define MAX_SPACES 256 /* spaces skip_compact notes in a nested value */
 #define MAX_ARGS_PER_EVENT 4096
 #define KEY_MEMO 32
 
@@ -273,6 +274,10 @@ typedef struct {
     Interner strs;
     Buf scratch; /* a decoded string with escapes */
     Buf raw;     /* a nested argument value's compact text */
+    /* Where skip_compact skipped the spaces of a nested value (the first MAX_SPACES), and
+     * how many it skipped. */
+    const char *spaces[MAX_SPACES];
+    int n_spaces;
     Buf ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
     Buf arg_ev, arg_key, arg_type, arg_val;
     Buf key_of_sid;  /* int32 per string id: its dense key number, -1 if not an args key */
@@ -306,7 +311,29 @@ static int fail(Scan *s, const char *what) {
 #define IS_WS(c) ((c) == ' ' || (c) == '\n' || (c) == '\r' || (c) == '\t')
 
 static inline void skip_ws(Scan *s) {
-    while (s->p < s->end && (unsigned char)*s->p <= ' ' && IS_WS(*s->p)) s->p++;
+    const char *p = s->p, *end = s->end;
+    if (p < end && *p == ' ' && end - p > 1 && (unsigned char)p[1] > ' ') {
+        s->p = p + 1; /* one space, as after Kineto's ':' and ',' */
+        return;
+    }
+#if defined(__SSE2__)
+    /* A run such as Kineto's line break and indentation, sixteen bytes at a time. */
+    const __m128i sp = _mm_set1_epi8(' '), nl = _mm_set1_epi8('\n');
+    const __m128i cr = _mm_set1_epi8('\r'), tab = _mm_set1_epi8('\t');
+    while (end - p >= 16) {
+        __m128i v = _mm_loadu_si128((const __m128i *)p);
+        __m128i ws = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, sp), _mm_cmpeq_epi8(v, nl)),
+                                  _mm_or_si128(_mm_cmpeq_epi8(v, cr), _mm_cmpeq_epi8(v, tab)));
+        unsigned other = ~(unsigned)_mm_movemask_epi8(ws) & 0xFFFFu;
+        if (other) {
+            s->p = p + __builtin_ctz(other);
+            return;
+        }
+        p += 16;
+    }
+#endif
+    while (p < end && (unsigned char)*p <= ' ' && IS_WS(*p)) p++;
+    s->p = p;
 }
 
 /* skip_ws, for the places where compact text has no whitespace: one test when there is
@@ -669,14 +696,19 @@ static int skip_value(Scan *s, int depth) {
 }
 
 /* A nested argument value (s->p at its '[' or '{') checked in one loop, without a call per
- * element: 1 when it is valid JSON with no whitespace, no escapes and no exponents, up to
- * 63 levels deep (s->p then after it); 0 for anything else, valid or not, which copy_compact
- * then reads from the start and decides. So this never refuses what copy_compact takes, and
- * takes only what it takes. */
+ * element: valid JSON with no escapes and no exponents, up to 63 levels deep, and no
+ * whitespace but one space after a ',' or a ':' (as Kineto and Python's json write lists:
+ * `[[8, 128], [128]]`). Then s->p is after it, and it returns 1 when it has no whitespace
+ * (its text as written is its compact text), 2 when it has such spaces (its compact text is
+ * the text without the spaces outside its strings: put_unspaced). 0 for anything else,
+ * valid or not, which copy_compact then reads from the start and decides. So this never
+ * refuses what copy_compact takes, and takes only what it takes, with the same compact
+ * text. */
 static int skip_compact(Scan *s) {
     const char *p = s->p, *end = s->end;
     uint64_t objects = 0; /* bit 0: the innermost open container is an object, and so on */
-    int depth = 0;
+    int depth = 0, spaced = 0;
+    s->n_spaces = 0;
     for (;;) { /* at a value */
         if (p >= end) return 0;
         char c = *p;
@@ -718,11 +750,15 @@ static int skip_compact(Scan *s) {
     after: /* after a value */
         if (depth == 0) {
             s->p = p;
-            return 1;
+            return 1 + spaced;
         }
         if (p >= end) return 0;
         if (*p == ',') {
             p++;
+            if (p < end && *p == ' ') {
+                if (s->n_spaces < MAX_SPACES) s->spaces[s->n_spaces] = p;
+                s->n_spaces++, p++, spaced = 1;
+            }
             if (!(objects & 1)) continue;
         } else if (*p == ((objects & 1) ? '}' : ']')) {
             p++;
@@ -741,7 +777,40 @@ static int skip_compact(Scan *s) {
         }
         if (p >= end || *p != ':') return 0;
         p++;
+        if (p < end && *p == ' ') {
+            if (s->n_spaces < MAX_SPACES) s->spaces[s->n_spaces] = p;
+            s->n_spaces++, p++, spaced = 1;
+        }
     }
+}
+
+/* The compact text of a value skip_compact took with spaces (its result 2), put in `raw`:
+ * the text from p to end without the spaces it skipped (s->spaces, where they all fit),
+ * else without every space outside its strings (which have no escapes, so each quote
+ * opens or closes one): the same bytes. */
+static int put_unspaced(Scan *s, Buf *raw, const char *p, const char *end) {
+    if (buf_reserve(raw, (size_t)(end - p))) return -1;
+    char *o = raw->p + raw->len;
+    if (s->n_spaces <= MAX_SPACES) {
+        for (int i = 0; i < s->n_spaces; i++) {
+            size_t n = (size_t)(s->spaces[i] - p);
+            memcpy(o, p, n);
+            o += n;
+            p = s->spaces[i] + 1;
+        }
+        memcpy(o, p, (size_t)(end - p));
+        o += end - p;
+    } else {
+        int in_string = 0;
+        for (; p < end; p++) {
+            char c = *p;
+            if (c == '"') in_string ^= 1;
+            else if (c == ' ' && !in_string) continue;
+            *o++ = c;
+        }
+    }
+    raw->len = (size_t)(o - raw->p);
+    return 0;
 }
 
 /* Check one JSON value and append its text to `raw` without insignificant whitespace: for a
@@ -906,11 +975,17 @@ static int read_args(Scan *s) {
             int32_t id;
             if (intern_string(s, &id) || add_arg(s, key, T_STR, id)) return -1;
         } else if (c == '{' || c == '[') {
-            /* Kept as its compact text: the text as written, where skip_compact takes it. */
+            /* Kept as its compact text: the text as written, where skip_compact takes it
+             * without whitespace. */
             const char *text = s->p;
             size_t len;
-            if (skip_compact(s)) {
+            int taken = skip_compact(s);
+            if (taken == 1) {
                 len = (size_t)(s->p - text);
+            } else if (taken == 2) {
+                s->raw.len = 0;
+                if (put_unspaced(s, &s->raw, text, s->p)) return s->nomem = 1, -1;
+                text = s->raw.p, len = s->raw.len;
             } else {
                 s->raw.len = 0;
                 if (copy_compact(s, 1, &s->raw)) return -1;

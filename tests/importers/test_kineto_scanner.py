@@ -152,6 +152,16 @@ def test_scanner_keeps_nested_values_as_their_compact_text():
         ('["","[1024, 4096]",{"":[]}]', '["", "[1024, 4096]", {"": []}]'),
         ("[]", "[ ]"),
         ("{}", "{\n}"),
+        # As Kineto writes shapes and types: one space after each ',' (and ':').
+        ("[[8,128,768],[768]]", "[[8, 128, 768], [768]]"),
+        ('["float","c10::BFloat16",""]', '["float", "c10::BFloat16", ""]'),
+        ('{"a":[1,2],"b":{"c, d":"e: f"}}', '{"a": [1, 2], "b": {"c, d": "e: f"}}'),
+        # More spaces than the scanner notes where they are (256): the others dropped too.
+        ("[" + ",".join(map(str, range(300))) + "]", json.dumps(list(range(300)))),
+        ("[" + ",".join(['"a, b"'] * 300) + "]", json.dumps(["a, b"] * 300)),
+        # Two spaces, or a space before a comma, as json's indent would not: still read.
+        ("[1,2,3]", "[1,  2, 3]"),
+        ("[1,2,3]", "[1 , 2, 3]"),
     ]
     for compact, spaced in values:
         assert json.loads(compact) == json.loads(spaced)
@@ -246,10 +256,14 @@ def _without_spaces(text: bytes) -> str:
     return "".join(out)
 
 
-def test_scanner_reads_nested_values_as_json_does():
-    """Random nested argument values, written compactly and then damaged (a byte changed,
-    added or cut): the scanner takes exactly the texts json takes, keeping each as its
-    compact text, and reads the member after it right."""
+@pytest.mark.parametrize(
+    "separators", [(",", ":"), (", ", ": ")], ids=["compact", "spaced-as-kineto"]
+)
+def test_scanner_reads_nested_values_as_json_does(separators):
+    """Random nested argument values, written compactly or spaced as Kineto writes them
+    (`[[8, 128], [128]]`: one space after each ',' and ':'), and then damaged (a byte
+    changed, added or cut): the scanner takes exactly the texts json takes, keeping each as
+    its compact text, and reads the member after it right."""
     import random
 
     from tessera_tb.importers import _kineto_scan
@@ -260,7 +274,7 @@ def test_scanner_reads_nested_values_as_json_does():
         value = _random_value(rng)
         if not isinstance(value, (list, dict)):
             value = [value]
-        text = bytearray(json.dumps(value, separators=(",", ":")).encode())
+        text = bytearray(json.dumps(value, separators=separators).encode())
         for _ in range(rng.randrange(3)):
             pos = rng.randrange(len(text) + 1)
             what = rng.randrange(3)
