@@ -178,25 +178,21 @@ def _iter_scaled(
         if info["step_track"] is None:
             raise ValueError("--one-step needs the trace's ProfilerStep# user_annotation events")
         pid, tid = info["step_track"]
-        yield (
-            None,
-            (
-                {
-                    "ph": "X",
-                    "cat": "user_annotation",
-                    "name": f"ProfilerStep#{info['first_step']}",
-                    "pid": pid,
-                    "tid": tid,
-                    "ts": info["t_min"],
-                    "dur": round(period_us * (factor - 1) + extent_us, 3),
-                    "args": {
-                        "External id": strides.get("external", 1) * factor,
-                        "Record function id": 0,
-                        "Ev Idx": strides.get("ev_idx", 0) * factor,
-                    },
-                }
-            ),
-        )
+        step_event = {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": f"ProfilerStep#{info['first_step']}",
+            "pid": pid,
+            "tid": tid,
+            "ts": info["t_min"],
+            "dur": round(period_us * (factor - 1) + extent_us, 3),
+            "args": {
+                "External id": strides.get("external", 1) * factor,
+                "Record function id": 0,
+                "Ev Idx": strides.get("ev_idx", 0) * factor,
+            },
+        }
+        yield None, step_event
     # Metadata events describe processes and threads: once, where they were.
     yield from ((e, e) for e in meta)
     for k in range(factor):
