@@ -174,6 +174,27 @@ def test_scanner_keeps_nested_values_as_their_compact_text():
             assert out["strings"][vals[0]] == compact, written
 
 
+@pytest.mark.parametrize("indent", [1, 4, 15, 16, 17, 40])
+def test_scanner_reads_indented_text_of_any_width_as_compact_text(indent):
+    """The single-GPU trace's first events written with json's indentation, whose line
+    breaks and runs of spaces (`indent` wide per level: runs of 2 to over 100 bytes) the
+    scanner skips sixteen bytes at a time: the same columns and strings as the compact
+    text, except where the events start and end."""
+    import gzip
+
+    from tessera_tb.importers import _kineto_scan
+
+    (path,) = [p for p in shared_trace_files() if "gpt_1gpu_stack" in p]
+    with gzip.open(path, "rb") as f:
+        events = json.load(f)["traceEvents"][:400]
+    compact = _kineto_scan.scan_events(json.dumps(events, separators=(",", ":")).encode())
+    indented = _kineto_scan.scan_events(json.dumps(events, indent=indent).encode())
+    assert compact["n"] == indented["n"] == 400
+    for key, value in compact.items():
+        if key != "events_range":
+            assert indented[key] == value, key
+
+
 def _random_value(rng, depth: int = 0):
     """A random JSON value of the kinds argument lists hold: nested lists and objects (empty
     ones too), integers, decimals, some with exponents, strings, some with escapes, and
