@@ -707,7 +707,7 @@ static int skip_value(Scan *s, int depth) {
 static int skip_compact(Scan *s) {
     const char *p = s->p, *end = s->end;
     uint64_t objects = 0; /* bit 0: the innermost open container is an object, and so on */
-    int depth = 0, spaced = 0;
+    int depth = 0;
     s->n_spaces = 0;
     for (;;) { /* at a value */
         if (p >= end) return 0;
@@ -750,14 +750,14 @@ static int skip_compact(Scan *s) {
     after: /* after a value */
         if (depth == 0) {
             s->p = p;
-            return 1 + spaced;
+            return s->n_spaces ? 2 : 1;
         }
         if (p >= end) return 0;
         if (*p == ',') {
             p++;
             if (p < end && *p == ' ') {
                 if (s->n_spaces < MAX_SPACES) s->spaces[s->n_spaces] = p;
-                s->n_spaces++, p++, spaced = 1;
+                s->n_spaces++, p++;
             }
             if (!(objects & 1)) continue;
         } else if (*p == ((objects & 1) ? '}' : ']')) {
@@ -779,7 +779,7 @@ static int skip_compact(Scan *s) {
         p++;
         if (p < end && *p == ' ') {
             if (s->n_spaces < MAX_SPACES) s->spaces[s->n_spaces] = p;
-            s->n_spaces++, p++, spaced = 1;
+            s->n_spaces++, p++;
         }
     }
 }
