@@ -329,13 +329,14 @@ def scale_trace(
     """Write the scaled trace to `out_path` (gzip); returns its number of events."""
     with gzip.open(in_path, "rb") if in_path.endswith(".gz") else open(in_path, "rb") as f:
         data = f.read()
-    trace = msgspec.json.decode(data)
-    if isinstance(trace, list):
-        trace = {"traceEvents": trace}
-        texts = msgspec.json.decode(data, type=list[msgspec.Raw])
-    else:
-        top = msgspec.json.decode(data, type=dict[str, msgspec.Raw])
-        texts = msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
+    # Parsed once: each event's text, then each event and top-level member from its text.
+    top = msgspec.json.decode(data, type=dict[str, msgspec.Raw] | list[msgspec.Raw])
+    bare = isinstance(top, list)  # a bare list of events
+    texts = top if bare else msgspec.json.decode(top["traceEvents"], type=list[msgspec.Raw])
+    events = [msgspec.json.decode(t) for t in texts]
+    members = {"traceEvents": texts} if bare else top
+    decode = msgspec.json.decode
+    trace = {k: events if k == "traceEvents" else decode(v) for k, v in members.items()}
     text_of = {id(e): bytes(t) for e, t in zip(trace["traceEvents"], texts)}
     respell = _Respeller()
 
