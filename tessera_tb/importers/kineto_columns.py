@@ -146,6 +146,9 @@ class SpanColumns:
     meta_events: list[RawEvent]
     tracks: Tracks
     skipped_phases: dict[str, int] = field(default_factory=dict)
+    # The rows in the file's canonical order (step.canonical_order), being sorted in a
+    # thread (a Background) while the rest is built; None: span_of_columns sorts them.
+    order_job: Any = None
 
     @property
     def count(self) -> int:

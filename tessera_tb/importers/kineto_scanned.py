@@ -33,7 +33,7 @@ from tessera_tb.importers.kineto_columns import (
 )
 from tessera_tb.importers.kineto_decode import RawEvent
 from tessera_tb.trace.errors import TraceFormatError
-from tessera_tb.trace.step import FLOW_PHASES
+from tessera_tb.trace.step import FLOW_PHASES, canonical_order
 
 # Argument type codes of _kineto_scan.c.
 T_NULL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_RAW, T_BIGINT = range(8)
@@ -103,11 +103,6 @@ def scanned_span_columns(
     tracks = Tracks() if context is None else context.tracks
     pid, tid = col("pid", np.int32), col("tid", np.int32)
     cat, name = col("cat", np.int32), col("name", np.int32)
-    if context is None:
-        meta_rows = np.flatnonzero(ph == meta_ids[0]) if meta_ids else np.zeros(0, np.int64)
-        meta_events = _meta_events(scan, meta_rows, text, pid, tid, name)
-    else:
-        meta_events = context.meta_events
     ts_us, dur_us = col("ts", np.float64), col("dur", np.float64)
 
     # Each event's class by a lookup on its phase's string id: 1 slice, 2 flow point.
@@ -117,23 +112,39 @@ def scanned_span_columns(
     event_class = phase_class[ph]
     idx = np.flatnonzero(event_class == 1)
     n = idx.size
-    x_id = next((i for i in phase_ids if phase[i] == "X"), -1)
-    is_x = ph[idx] == x_id
-    ts = ts_us[idx]
-    check_finite(path, ts, idx, "ts")
-    dur = np.where(is_x, dur_us[idx], 0.0)
-    check_finite(path, dur, idx, "dur")
-    if (dur < 0).any():
-        i = int(idx[np.flatnonzero(dur < 0)[0]])
-        raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
     correlation = np.zeros(n, dtype=np.int64)
     external_id = np.zeros(n, dtype=np.int64)
     key_bits = None if context is None else context.key_bits
     # The arguments are typed beside the event columns below (numpy releases the GIL), in a
-    # second thread on a large file. Only they intern strings until they are done: the
-    # worker's string table gets the same order either way (arguments, flows, names, cats).
+    # second thread on a large file, from as soon as the slices are known. Only they intern
+    # strings until they are done: the worker's string table gets the same order either way
+    # (arguments, flows, names, cats).
     args_job = Background(_attr_parts, scan, idx, ids, text, correlation, external_id, key_bits)
     args_job.run_or_start(n)
+    try:
+        # Errors of the metadata and of the slices' times come before the arguments' (as
+        # when these were checked before the arguments were read).
+        if context is None:
+            meta_rows = np.flatnonzero(ph == meta_ids[0]) if meta_ids else np.zeros(0, np.int64)
+            meta_events = _meta_events(scan, meta_rows, text, pid, tid, name)
+        else:
+            meta_events = context.meta_events
+        x_id = next((i for i in phase_ids if phase[i] == "X"), -1)
+        is_x = ph[idx] == x_id
+        ts = ts_us[idx]
+        check_finite(path, ts, idx, "ts")
+        dur = np.where(is_x, dur_us[idx], 0.0)
+        check_finite(path, dur, idx, "dur")
+        if (dur < 0).any():
+            i = int(idx[np.flatnonzero(dur < 0)[0]])
+            raise TraceFormatError(path, f"traceEvents[{i}] has a negative 'dur'")
+    except BaseException:
+        args_job.join()
+        raise
+    # The slices' times in ns, in a third thread while the tracks and flows are read here:
+    # the two CPUs stay busy while the arguments are typed and after.
+    times = Background(_slice_times, ts, dur, base_ns)
+    times.run_or_start(n)
     try:
         # Tracks in order of first appearance: those of slices, then those only flows use.
         track_id = _track_ids(tracks, text, pid[idx], tid[idx])
@@ -149,37 +160,58 @@ def scanned_span_columns(
             phase_code[i] = FLOW_PHASES[phase[i]]
         flow_track_id = _track_ids(tracks, text, pid[fidx], tid[fidx])
         flow_ts_ns = base_ns + us_to_ns(fts)
-        start_ns = base_ns + us_to_ns(ts)
-        dur_ns = us_to_ns(dur)
         index = idx.astype(np.int64)
     except BaseException:
+        times.join()
         args_job.result()  # the arguments' error first, as when they were read first
         raise
+    start_ns, dur_ns = times.result()
     attr_parts = args_job.result()
-    flows = {
-        "flow_id": flow_id,
-        "cat_id": ids(cat[fidx]),
-        "phase": phase_code[ph[fidx]],
-        "track_id": flow_track_id,
-        "ts_ns": flow_ts_ns,
-        "row": np.full(fidx.size, -1, dtype=np.int32),
-    }
-    return SpanColumns(
-        index=index,
-        start_ns=start_ns,
-        dur_ns=dur_ns,
-        is_x=is_x,
-        name_id=ids(name[idx]),
-        cat_id=ids(cat[idx]),
-        track_id=track_id,
-        correlation=correlation,
-        external_id=external_id,
-        attrs=[_merge_parts(key, [part], strings) for key, part in sorted(attr_parts.items())],
-        flows=flows,
-        meta_events=meta_events,
-        tracks=tracks,
-        skipped_phases=skipped,
+    # The rows' canonical order is sorted in a thread of its own from here, while the names,
+    # categories and arguments are numbered below and the kinds read (span_of_columns).
+    order_job = Background(_canonical_rows, track_id, start_ns, dur_ns, external_id)
+    order_job.run_or_start(n)
+    try:
+        flows = {
+            "flow_id": flow_id,
+            "cat_id": ids(cat[fidx]),
+            "phase": phase_code[ph[fidx]],
+            "track_id": flow_track_id,
+            "ts_ns": flow_ts_ns,
+            "row": np.full(fidx.size, -1, dtype=np.int32),
+        }
+        return SpanColumns(
+            index=index,
+            start_ns=start_ns,
+            dur_ns=dur_ns,
+            is_x=is_x,
+            name_id=ids(name[idx]),
+            cat_id=ids(cat[idx]),
+            track_id=track_id,
+            correlation=correlation,
+            external_id=external_id,
+            attrs=[_merge_parts(key, [part], strings) for key, part in sorted(attr_parts.items())],
+            flows=flows,
+            meta_events=meta_events,
+            tracks=tracks,
+            skipped_phases=skipped,
+            order_job=order_job,
+        )
+    except BaseException:
+        order_job.join()
+        raise
+
+
+def _canonical_rows(track_id, start_ns, dur_ns, external_id) -> np.ndarray:
+    """The rows in the file's canonical order (step.canonical_order)."""
+    return canonical_order(
+        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
     )
+
+
+def _slice_times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, np.ndarray]:
+    """The slices' start (epoch ns) and duration (ns)."""
+    return base_ns + us_to_ns(ts), us_to_ns(dur)
 
 
 def _meta_events(scan, rows: np.ndarray, text: list[str], pid, tid, name) -> list[RawEvent]:

@@ -161,7 +161,9 @@ def span_of_columns(
 
     # The host trees are built beside the launch links, the tracks and the step markers (in
     # a second thread on a large span; none of them changes what the other reads).
-    trees = Background(_ordered_trees, start_ns, dur_ns, kind, track_id, external_id)
+    trees = Background(
+        _ordered_trees, start_ns, dur_ns, kind, track_id, external_id, cols.order_job
+    )
     trees.run_or_start(n)
     try:
         if plan is None:
@@ -527,13 +529,21 @@ def _host_tree_parents(start_ns, dur_ns, kind, track_id, order) -> np.ndarray:
     return parent
 
 
-def _ordered_trees(start_ns, dur_ns, kind, track_id, external_id) -> tuple:
+def _ordered_trees(start_ns, dur_ns, kind, track_id, external_id, order_job=None) -> tuple:
     """(the rows in the file's canonical order, the host trees' parents). The order (track,
     start, longer first, lower External id) is sorted once: the host trees, the flow binding
-    and the step split all read it."""
-    row_order = canonical_order(
-        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
-    )
+    and the step split all read it. `order_job`: a Background already sorting it."""
+    if order_job is not None:
+        row_order = order_job.result()
+    else:
+        row_order = canonical_order(
+            {
+                "track_id": track_id,
+                "start_ns": start_ns,
+                "dur_ns": dur_ns,
+                "external_id": external_id,
+            }
+        )
     return row_order, _host_tree_parents(start_ns, dur_ns, kind, track_id, row_order)
 
 

@@ -1,8 +1,9 @@
-"""A large span's numpy pieces run two at a time (importers/background.py): the argument
-columns beside the event columns, the host trees beside the launch links and step markers,
-the flow binding beside the step spans, the arguments' step split beside the events'. The
-files are those of one piece after the other, and an error in either piece stops the
-import with the error it would have raised alone."""
+"""A large span's numpy pieces run beside each other (importers/background.py): the
+argument columns and the slices' times beside the event columns, the canonical order beside
+the numbering of names and categories, the host trees beside the launch links and step
+markers, the flow binding beside the step spans, the arguments' step split beside the
+events'. The files are those of one piece after the other, and an error in either piece
+stops the import with the error it would have raised alone."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def test_pieces_in_threads_make_the_same_files(tmp_path, monkeypatch, started_th
     assert "tessera-background" not in started_threads
     monkeypatch.setattr(background, "PARALLEL_ROWS", 0)  # two at a time, on every span
     both = imported("b")
-    assert started_threads.count("tessera-background") == 4 * 8  # 4 pieces per span
+    assert started_threads.count("tessera-background") == 6 * 8  # 6 pieces per span
     assert len(alone) > 8 * 2
     assert_same_files(both, alone)
 
@@ -56,7 +57,7 @@ def test_a_large_span_runs_its_pieces_in_threads_and_a_small_one_does_not(
     import_traces([STACK], str(tmp_path / "small"), "r")  # 11,404 events
     assert "tessera-background" not in started_threads
     import_traces([RESNET], str(tmp_path / "large"), "r")  # 75,718 events
-    assert started_threads.count("tessera-background") == 4
+    assert started_threads.count("tessera-background") == 6
 
 
 def test_an_error_beside_a_running_piece_is_raised_and_the_piece_ends(tmp_path, monkeypatch):
@@ -72,6 +73,25 @@ def test_an_error_beside_a_running_piece_is_raised_and_the_piece_ends(tmp_path, 
     bad = tmp_path / "worker0.1.pt.trace.json"
     bad.write_text(text)
     with pytest.raises(ImportFailed, match="two ProfilerStep events carry the same step"):
+        import_traces([str(bad)], str(tmp_path / "logdir"), "r")
+    assert not [t for t in threading.enumerate() if t.name == "tessera-background"]
+    assert os.listdir(tmp_path / "logdir") == []
+
+
+def test_a_bad_slice_time_is_raised_while_the_arguments_are_read(tmp_path, monkeypatch):
+    """A slice without a number for `ts`, found while the arguments are typed in the other
+    thread: the import fails with that error, as when the times were checked first, and no
+    thread of the span is left running."""
+    monkeypatch.setattr(background, "PARALLEL_ROWS", 0)
+    path = next(os.path.join(STACK, f) for f in os.listdir(STACK) if f.endswith(".json.gz"))
+    with gzip.open(path, "rt") as f:
+        trace = json.load(f)
+    events = trace["traceEvents"]
+    i = next(i for i, e in enumerate(events) if e.get("ph") == "X" and e.get("args"))
+    events[i]["ts"] = None
+    bad = tmp_path / "worker0.1.pt.trace.json"
+    bad.write_text(json.dumps(trace))
+    with pytest.raises(ImportFailed, match=rf"traceEvents\[{i}\] has no numeric 'ts'"):
         import_traces([str(bad)], str(tmp_path / "logdir"), "r")
     assert not [t for t in threading.enumerate() if t.name == "tessera-background"]
     assert os.listdir(tmp_path / "logdir") == []
