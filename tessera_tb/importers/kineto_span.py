@@ -201,10 +201,12 @@ def span_of_columns(
         step_numbers, host_start, step_of, span_start, span_end = _step_spans(
             step_rows, start_ns, dur_ns, kind, launch, path, span_index, base_ns
         )
+        n_steps = step_numbers.size
+        # The rows are put in step order beside the flow binding too.
+        step_order = _step_order(n_steps, step_of, row_order)
     except BaseException:
         bind.join()
         raise
-    n_steps = step_numbers.size
     flows, flow_warn = bind.result()
     if flow_warn:
         warnings.append(flow_warn)
@@ -228,6 +230,7 @@ def span_of_columns(
         span_start=span_start,
         span_end=span_end,
         step_of=step_of,
+        step_order=step_order,
         order=row_order,
         columns={
             "start_ns": start_ns,
@@ -321,6 +324,7 @@ def _planned_span(
         span_start=plan.span_start,
         span_end=plan.span_end,
         step_of=step_of,
+        step_order=None,
         order=order,
         columns={
             "start_ns": cols.start_ns,
@@ -636,6 +640,22 @@ def _attrs_by_step(attrs, rank, step_of, local_of, n_steps) -> list[tuple]:
     return out
 
 
+def _step_order(n_steps: int, step_of: np.ndarray, order: np.ndarray) -> tuple:
+    """(the rows in step order, each step's first row there and the end, each row's place
+    in that order, each row's index in its step). `order`: the rows in the canonical order,
+    which a stable sort by step keeps within each step."""
+    n = step_of.size
+    by_step = step_of[order]
+    if n_steps <= np.iinfo(np.uint16).max:
+        by_step = by_step.astype(np.uint16)  # a stable sort of 16-bit keys is a radix sort
+    ev_order = order[np.argsort(by_step, kind="stable")]
+    ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
+    rank = np.empty(n, dtype=np.int64)
+    rank[ev_order] = np.arange(n)
+    local_of = (rank - ev_bounds[step_of]).astype(np.int32)  # a row's index in its step
+    return ev_order, ev_bounds, rank, local_of
+
+
 def _split_steps(
     *,
     n_steps,
@@ -643,6 +663,7 @@ def _split_steps(
     span_start,
     span_end,
     step_of,
+    step_order,
     order,
     columns,
     attrs,
@@ -654,18 +675,14 @@ def _split_steps(
 ) -> Iterator[StepData]:
     """The steps, one at a time (a generator). Rows are put in step order once (by step,
     then in the file's canonical order, step.canonical_order, so that the writer has
-    nothing to reorder) and row references made step-local once; each step's columns are
-    then slices of those arrays, made when it is asked for. `order`: the rows in the
-    canonical order, which a stable sort by step keeps within each step."""
+    nothing to reorder: `step_order`, or made here from `order`, the canonical order, where
+    it is None) and row references made step-local once; each step's columns are then
+    slices of those arrays, made when it is asked for."""
     n = step_of.size
-    by_step = step_of[order]
-    if n_steps <= np.iinfo(np.uint16).max:
-        by_step = by_step.astype(np.uint16)  # a stable sort of 16-bit keys is a radix sort
-    ev_order = order[np.argsort(by_step, kind="stable")]
-    ev_bounds = np.searchsorted(step_of[ev_order], np.arange(n_steps + 1))
-    rank = np.empty(n, dtype=np.int64)
-    rank[ev_order] = np.arange(n)
-    local_of = (rank - ev_bounds[step_of]).astype(np.int32)  # a row's index in its step
+    if step_order is None:
+        step_order = _step_order(n_steps, step_of, order)
+    ev_order, ev_bounds, rank, local_of = step_order
+    del step_order
     # The arguments are put in step order beside the events' columns (numpy's sorts and
     # gathers release the GIL). On a large span a second thread takes the first arguments,
     # some 70% of their entries, and this one the rest after its own columns: the first
