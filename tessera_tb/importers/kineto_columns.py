@@ -17,7 +17,7 @@ import numpy as np
 
 from tessera_tb.importers.kineto_decode import RawEvent, RawTrace, gc_paused
 from tessera_tb.trace.errors import TraceFormatError
-from tessera_tb.trace.step import FLOW_PHASES, Attr
+from tessera_tb.trace.step import FLOW_PHASES, Attr, canonical_order
 
 # Arguments promoted to event columns rather than kept as attributes.
 CORRELATION_KEYS = frozenset({"correlation"})
@@ -153,6 +153,14 @@ class SpanColumns:
     @property
     def count(self) -> int:
         return int(self.start_ns.size)
+
+
+def canonical_rows(track_id, start_ns, dur_ns, external_id) -> np.ndarray:
+    """A span's rows in the file's canonical order (step.canonical_order: by track, start,
+    longer first, lower External id)."""
+    return canonical_order(
+        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
+    )
 
 
 class _Accumulator:

@@ -26,6 +26,7 @@ from tessera_tb.importers.kineto_columns import (
     Tracks,
     _AttrPart,
     _merge_parts,
+    canonical_rows,
     check_finite,
     int_or_zero,
     intern_json,
@@ -33,7 +34,7 @@ from tessera_tb.importers.kineto_columns import (
 )
 from tessera_tb.importers.kineto_decode import RawEvent
 from tessera_tb.trace.errors import TraceFormatError
-from tessera_tb.trace.step import FLOW_PHASES, canonical_order
+from tessera_tb.trace.step import FLOW_PHASES
 
 # Argument type codes of _kineto_scan.c.
 T_NULL, T_FALSE, T_TRUE, T_INT, T_FLOAT, T_STR, T_RAW, T_BIGINT = range(8)
@@ -169,7 +170,7 @@ def scanned_span_columns(
     attr_parts = args_job.result()
     # The rows' canonical order is sorted in a thread of its own from here, while the names,
     # categories and arguments are numbered below and the kinds read (span_of_columns).
-    order_job = Background(_canonical_rows, track_id, start_ns, dur_ns, external_id)
+    order_job = Background(canonical_rows, track_id, start_ns, dur_ns, external_id)
     order_job.run_or_start(n)
     try:
         flows = {
@@ -200,13 +201,6 @@ def scanned_span_columns(
     except BaseException:
         order_job.join()
         raise
-
-
-def _canonical_rows(track_id, start_ns, dur_ns, external_id) -> np.ndarray:
-    """The rows in the file's canonical order (step.canonical_order)."""
-    return canonical_order(
-        {"track_id": track_id, "start_ns": start_ns, "dur_ns": dur_ns, "external_id": external_id}
-    )
 
 
 def _slice_times(ts: np.ndarray, dur: np.ndarray, base_ns: int) -> tuple[np.ndarray, np.ndarray]:

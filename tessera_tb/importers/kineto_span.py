@@ -22,7 +22,7 @@ import numpy as np
 
 from tessera_tb.importers.arrays import distinct
 from tessera_tb.importers.background import Background, release_freed_memory
-from tessera_tb.importers.kineto_columns import StringTable, Tracks, span_columns
+from tessera_tb.importers.kineto_columns import StringTable, Tracks, canonical_rows, span_columns
 from tessera_tb.importers.kineto_decode import RawTrace, _kineto_scan
 from tessera_tb.importers.kineto_scanned import scanned_span_columns
 from tessera_tb.trace.errors import TraceFormatError
@@ -35,7 +35,6 @@ from tessera_tb.trace.step import (
     Attr,
     StepData,
     TrackInfo,
-    canonical_order,
     kind_mask,
 )
 
@@ -540,14 +539,7 @@ def _ordered_trees(start_ns, dur_ns, kind, track_id, external_id, order_job=None
     if order_job is not None:
         row_order = order_job.result()
     else:
-        row_order = canonical_order(
-            {
-                "track_id": track_id,
-                "start_ns": start_ns,
-                "dur_ns": dur_ns,
-                "external_id": external_id,
-            }
-        )
+        row_order = canonical_rows(track_id, start_ns, dur_ns, external_id)
     return row_order, _host_tree_parents(start_ns, dur_ns, kind, track_id, row_order)
 
 
