@@ -230,7 +230,6 @@ def span_of_columns(
         span_end=span_end,
         step_of=step_of,
         step_order=step_order,
-        order=row_order,
         columns={
             "start_ns": start_ns,
             "dur_ns": dur_ns,
@@ -323,8 +322,7 @@ def _planned_span(
         span_start=plan.span_start,
         span_end=plan.span_end,
         step_of=step_of,
-        step_order=None,
-        order=order,
+        step_order=_step_order(plan.step_numbers.size, step_of, order),
         columns={
             "start_ns": cols.start_ns,
             "dur_ns": cols.dur_ns,
@@ -656,7 +654,6 @@ def _split_steps(
     span_end,
     step_of,
     step_order,
-    order,
     columns,
     attrs,
     flows,
@@ -667,12 +664,9 @@ def _split_steps(
 ) -> Iterator[StepData]:
     """The steps, one at a time (a generator). Rows are put in step order once (by step,
     then in the file's canonical order, step.canonical_order, so that the writer has
-    nothing to reorder: `step_order`, or made here from `order`, the canonical order, where
-    it is None) and row references made step-local once; each step's columns are then
-    slices of those arrays, made when it is asked for."""
+    nothing to reorder: `step_order`, from _step_order) and row references made step-local
+    once; each step's columns are then slices of those arrays, made when it is asked for."""
     n = step_of.size
-    if step_order is None:
-        step_order = _step_order(n_steps, step_of, order)
     ev_order, ev_bounds, rank, local_of = step_order
     del step_order
     # The arguments are put in step order beside the events' columns (numpy's sorts and
