@@ -15,7 +15,7 @@ from tessera_tb.importers.kineto_columns import StringTable
 from tessera_tb.importers.kineto_span import stream_span
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import columns, writer
-from tessera_tb.trace.step import EVENT_COLUMNS, FLOW_COLUMNS
+from tessera_tb.trace.step import ATTR_VALUE_DTYPES, EVENT_COLUMNS, FLOW_COLUMNS
 from tests.conftest import SHARED_TRACES
 
 TRACES = [
@@ -63,14 +63,38 @@ def test_fixed_codings_cost_under_one_percent_of_the_best_choice(pattern, monkey
         if size > 2000:
             assert fixed_sizes[name] <= 1.1 * size, name
     # the forms written are the fixed ones
+    groups = (("events", writer.EVENT_DELTA), ("flows", writer.FLOW_DELTA))
     for msg in fixed:
-        for name, delta in writer.EVENT_DELTA.items():
-            col = getattr(msg.events, name)
-            if col.count > 2:
-                assert col.delta == delta, name
+        for group, forms in groups:
+            for name, delta in forms.items():
+                col = getattr(getattr(msg, group), name)
+                if col.count > 2:
+                    assert col.delta == delta, (group, name)
     # and the columns read back the same either way: the files differ only in the coding
     for a, b in zip(fixed, best):
-        for name in EVENT_COLUMNS:
-            np.testing.assert_array_equal(
-                columns.decode(getattr(a.events, name)), columns.decode(getattr(b.events, name))
-            )
+        for group, names in (("events", EVENT_COLUMNS), ("flows", FLOW_COLUMNS)):
+            for name in names:
+                np.testing.assert_array_equal(
+                    columns.decode(getattr(getattr(a, group), name)),
+                    columns.decode(getattr(getattr(b, group), name)),
+                )
+
+
+def test_only_attribute_values_are_left_to_the_encoder(monkeypatch):
+    """Packing both ways is what the fixed forms save: of a step's integer columns, only the
+    attribute values reach the encoder without a form (the flows' fixed forms are also what
+    the encoder would choose on these traces, so the bytes alone cannot tell)."""
+    steps = _steps(TRACES[0])
+    left: list[int] = []
+    encode_many = columns.encode_many
+
+    def counting(jobs, **kwargs):
+        jobs = list(jobs)
+        left.append(sum(1 for v, dtype, delta, _ in jobs if delta is None and dtype[0] == "i"))
+        return encode_many(jobs, **kwargs)
+
+    monkeypatch.setattr(columns, "encode_many", counting)
+    for step in steps:
+        writer.encode_step(step)
+        integer_attrs = sum(1 for a in step.attrs if ATTR_VALUE_DTYPES[a.type][0] == "i")
+        assert left.pop() == integer_attrs
