@@ -1,5 +1,7 @@
 """One distribution, two import packages: tessera_tb (trace processing + plugin) and tessera."""
 
+import sys
+
 from setuptools import Extension, find_packages, setup
 
 _TB_PACKAGES = find_packages(include=["tessera_tb", "tessera_tb.*"])
@@ -15,13 +17,15 @@ _SCANNER = Extension(
     extra_compile_args=["-O2"],
     optional=True,
 )
-# A step's columns laid out in C (tessera_tb/trace/_colpack.c: differences, byte planes),
-# the GIL released: steps encoded in threads then run side by side. Optional too: without
-# it trace/columns.py lays out the same bytes with numpy.
+# A step's columns packed in C (tessera_tb/trace/_colpack.c: differences, byte planes and
+# Zstandard, which it loads at run time from the zstandard package, hence libdl), the GIL
+# released: steps encoded in threads then run side by side. Optional too: without it
+# trace/columns.py packs the same bytes with numpy and the zstandard package.
 _COLPACK = Extension(
     "tessera_tb.trace._colpack",
     sources=["tessera_tb/trace/_colpack.c"],
     extra_compile_args=["-O2"],
+    libraries=["dl"] if sys.platform.startswith("linux") else [],
     optional=True,
 )
 

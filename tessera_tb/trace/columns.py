@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import threading
 import zlib
 
@@ -68,11 +69,15 @@ def encode(values: np.ndarray, dtype: str, *, delta: bool | None = None, out: pb
 def encode_many(jobs, *, packer=None) -> None:
     """encode() for several columns at once: (values, dtype, delta, out) each. A step's
     columns go through here together: the C packer (_colpack, where it was built) lays them
-    all out in one call with the GIL released, then one call compresses them, so steps
-    encoded in several threads do not queue for the GIL column by column. Columns of more
-    than _BATCH_BYTES in all go in several such rounds, so that the forms laid out at once
-    stay bounded on a huge step. `packer`: "c" or "python" to force one (tests); the bytes
-    are the same."""
+    out, compresses them and keeps each one's smaller form in one call with the GIL
+    released, so steps encoded in several threads do not queue for the GIL column by column.
+    Columns of more than _BATCH_BYTES in all go in several such rounds, so that the forms
+    held at once stay bounded on a huge step.
+
+    `packer` forces one way (tests); the bytes are the same: "c" (_colpack with the
+    zstandard package's own Zstandard, bound by _c_zstd), "c-layout" (_colpack lays out,
+    Python compresses with the package and chooses: where no Zstandard could be bound) or
+    "python" (numpy: where _colpack was not built)."""
     prepared = []
     for values, dtype, delta, out in jobs:
         arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
@@ -81,21 +86,39 @@ def encode_many(jobs, *, packer=None) -> None:
             raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
         mode = _CHOOSE if delta is None and integer else _DELTA if delta else _PLAIN
         prepared.append((arr, mode, out))
-    use_c = _colpack is not None if packer is None else packer == "c"
+    if packer is None:
+        packer = "c" if _c_zstd() else "c-layout" if _colpack is not None else "python"
+    elif packer == "c" and not _c_zstd():
+        raise RuntimeError("the C packer has no Zstandard bound")
     batch: list = []
     held = 0
     for item in prepared:
         batch.append(item)
         held += item[0].nbytes
         if held >= _BATCH_BYTES:
-            _encode_batch(batch, use_c)
+            _encode_batch(batch, packer)
             batch, held = [], 0
     if batch:
-        _encode_batch(batch, use_c)
+        _encode_batch(batch, packer)
 
 
-def _encode_batch(prepared: list, use_c: bool) -> None:
-    if use_c:
+def _encode_batch(prepared: list, packer: str) -> None:
+    if packer == "c":
+        packed = _colpack.pack_columns(
+            [(arr, mode, _probe_starts(arr, mode)) for arr, mode, _ in prepared],
+            _MIN_COMPRESS_BYTES,
+            _DELTA_PROBE_VALUES,
+            _ZSTD_LEVEL,
+        )
+        for (arr, _, out), (delta, shuffle, compressed, data) in zip(prepared, packed):
+            out.dtype = _CODES[arr.dtype]
+            out.count = arr.size
+            out.delta = delta
+            out.shuffle = shuffle
+            out.codec = pb.CODEC_ZSTD if compressed else pb.CODEC_NONE
+            out.data = data
+        return
+    if packer == "c-layout":
         layouts = _colpack.layout_columns(
             [(arr, mode, _probe_starts(arr, mode)) for arr, mode, _ in prepared],
             _MIN_COMPRESS_BYTES,
@@ -110,6 +133,30 @@ def _encode_batch(prepared: list, use_c: bool) -> None:
         out.shuffle = shuffle
         out.codec = codec
         out.data = data
+
+
+_BOUND: list[bool] = []
+
+
+def _c_zstd() -> bool:
+    """Whether _colpack packs columns whole (pack_columns): it takes Zstandard's functions
+    from the zstandard package's own library, its CFFI module, which exports them (the C
+    backend's does not), once per process. The version there must be the one the package
+    compresses with, so the frames are the package's. False where _colpack was not built,
+    the module is not there (a zstandard built without it) or cannot be loaded: then
+    Python compresses, with the same bytes."""
+    if not _BOUND:
+        bound = False
+        if _colpack is not None and hasattr(_colpack, "bind_zstd"):
+            try:
+                spec = importlib.util.find_spec("zstandard._cffi")
+            except (ImportError, ValueError):
+                spec = None
+            if spec is not None and spec.origin:
+                major, minor, patch = zstandard.ZSTD_VERSION
+                bound = _colpack.bind_zstd(spec.origin, major * 10000 + minor * 100 + patch)
+        _BOUND.append(bound)
+    return _BOUND[0]
 
 
 def _layout(arr: np.ndarray, mode: int) -> tuple[bool, bytes | None, bytes | None, tuple | None]:

@@ -1,19 +1,26 @@
-"""The C column layout (trace/_colpack.c) gives the Python path's bytes, byte for byte.
+"""The C column packer (trace/_colpack.c) gives the Python path's bytes, byte for byte.
 
-Both packers run on every step of every shared trace and on arrays made to sit on each rule's
-edge: the 64-byte compression floor, the size where the delta choice moves to probe blocks,
-columns that compress to nothing and columns that Zstandard cannot shrink, and sizes around
-the sixteen values that the C byte planes take at a time.
+Its two ways, the whole packing in C with the zstandard package's Zstandard ("c") and the C
+layout with Python compressing and choosing ("c-layout"), run beside the numpy path on every
+step of every shared trace and on arrays made to sit on each rule's edge: the 64-byte
+compression floor, the size where the delta choice moves to probe blocks, columns that
+compress to nothing and columns that Zstandard cannot shrink, and sizes around the sixteen
+values that the C byte planes take at a time.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
+import sys
+
 import numpy as np
 import pytest
+import zstandard
 
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import columns, writer
-from tests.conftest import needs_colpack, shared_trace_files, trace_id
+from tests.conftest import ROOT, needs_colpack, shared_trace_files, trace_id
 
 pytestmark = needs_colpack()
 
@@ -23,13 +30,18 @@ PROBE_ABOVE = columns._DELTA_PROBE_BLOCKS * columns._DELTA_PROBE_VALUES * 2
 SMALL_SIZES = (0, 1, 2, 3, 7, 8, 9, 13, 15, 16, 17, 19, 32, 33, 35, 100, 5000)
 
 
+PACKERS = ("python", "c-layout", "c")
+
+
 def _both(values, dtype, delta) -> tuple[pb.Column, pb.Column]:
+    """The column as numpy packs it and as the C packer does, both of its ways alike."""
     made = []
-    for packer in ("python", "c"):
+    for packer in PACKERS:
         col = pb.Column()
         columns.encode_many([(values, dtype, delta, col)], packer=packer)
         made.append(col)
-    return made[0], made[1]
+    assert made[1] == made[2], "the C layout with Python's Zstandard differs from C's"
+    return made[0], made[2]
 
 
 def _arrays():
@@ -128,12 +140,76 @@ def test_shared_trace_steps_are_the_same_files(path, monkeypatch):
     assert steps
     encode_many = columns.encode_many
     files = {}
-    for packer in ("python", "c"):
+    for packer in PACKERS:
         monkeypatch.setattr(
             columns, "encode_many", lambda jobs, p=packer: encode_many(jobs, packer=p)
         )
         files[packer] = [writer.encode_step(step) for step in steps]
     assert files["c"] == files["python"]
+    assert files["c-layout"] == files["python"]
+
+
+def test_the_packages_zstandard_is_bound():
+    """Where _colpack is built, it packs whole with the zstandard package's own library (the
+    default packer): the cases above test the path an import takes."""
+    assert columns._c_zstd()
+    major, minor, patch = zstandard.ZSTD_VERSION
+    origin = importlib.util.find_spec("zstandard._cffi").origin
+    assert columns._colpack.bind_zstd(origin, major * 10000 + minor * 100 + patch)
+    assert not columns._colpack.bind_zstd(origin, major * 10000 + minor * 100 + patch + 1)
+
+
+_UNBOUND = """
+import importlib.util, sys
+import numpy as np
+real = importlib.util.find_spec
+importlib.util.find_spec = lambda name, *a: None if name == "zstandard._cffi" else real(name, *a)
+from tessera_tb.proto import trace_pb2 as pb
+from tessera_tb.trace import columns
+assert not columns._c_zstd()
+col = pb.Column()
+columns.encode_many([(np.arange(5000) * 7, "int64", None, col)])
+sys.stdout.write(col.SerializeToString().hex())
+"""
+
+
+def test_without_the_packages_library_python_compresses_the_same_bytes():
+    """A zstandard without its CFFI module (or one that cannot be loaded) leaves the C packer
+    unbound: columns.encode_many then lays out in C and compresses in Python, the same
+    bytes, rather than failing."""
+    out = subprocess.run(
+        [sys.executable, "-c", _UNBOUND], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
+    col = pb.Column()
+    columns.encode_many([(np.arange(5000) * 7, "int64", None, col)], packer="c")
+    assert bytes.fromhex(out) == col.SerializeToString()
+
+
+_JUNK = """
+import importlib.util, sys
+import zstandard
+from tessera_tb.trace import _colpack
+major, minor, patch = zstandard.ZSTD_VERSION
+version = major * 10000 + minor * 100 + patch
+real = importlib.util.find_spec("zstandard._cffi").origin
+print(_colpack.bind_zstd(sys.argv[1], version), _colpack.bind_zstd(sys.argv[2], version),
+      _colpack.bind_zstd(real, version + 1), _colpack.bind_zstd(real, version))
+"""
+
+
+def test_a_library_that_is_not_there_or_not_the_version_binds_nothing(tmp_path):
+    """In a fresh process: a file that is no library, a path with nothing there and the
+    package's library with another version number bind nothing; the right one then does."""
+    junk = tmp_path / "not_a_library.so"
+    junk.write_bytes(b"not an ELF file")
+    out = subprocess.run(
+        [sys.executable, "-c", _JUNK, str(junk), str(tmp_path / "missing.so")],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    ).stdout
+    assert out.split() == ["False", "False", "False", "True"]
 
 
 class _OneFrameAtATime:
@@ -143,7 +219,7 @@ class _OneFrameAtATime:
         self.compress = compressor.compress
 
 
-@pytest.mark.parametrize("packer", ["python", "c"])
+@pytest.mark.parametrize("packer", PACKERS)
 def test_one_compress_call_per_form_writes_the_batch_calls_frames(packer, monkeypatch):
     """_compress_many uses zstandard's batch call where there is one, else a call per form:
     the steps of a real trace come out the same either way."""
@@ -162,7 +238,7 @@ def test_one_compress_call_per_form_writes_the_batch_calls_frames(packer, monkey
     assert [writer.encode_step(step) for step in steps] == batched
 
 
-@pytest.mark.parametrize("packer", ["python", "c"])
+@pytest.mark.parametrize("packer", PACKERS)
 def test_columns_packed_in_small_rounds_are_the_same_bytes(packer, monkeypatch):
     """A huge step's columns are laid out and compressed a few MB at a time
     (columns._BATCH_BYTES): the rounds change nothing in the file."""
