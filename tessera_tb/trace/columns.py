@@ -78,14 +78,7 @@ def encode_many(jobs, *, packer=None) -> None:
     zstandard package's own Zstandard, bound by _c_zstd), "c-layout" (_colpack lays out,
     Python compresses with the package and chooses: where no Zstandard could be bound) or
     "python" (numpy: where _colpack was not built)."""
-    prepared = []
-    for values, dtype, delta, out in jobs:
-        arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
-        integer = arr.dtype.kind == "i"
-        if delta and not integer:
-            raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
-        mode = _CHOOSE if delta is None and integer else _DELTA if delta else _PLAIN
-        prepared.append((arr, mode, out))
+    prepared = [(*_job(values, dtype, delta), out) for values, dtype, delta, out in jobs]
     if packer is None:
         packer = "c" if _c_zstd() else "c-layout" if _colpack is not None else "python"
     elif packer == "c" and not _c_zstd():
@@ -100,6 +93,42 @@ def encode_many(jobs, *, packer=None) -> None:
             batch, held = [], 0
     if batch:
         _encode_batch(batch, packer)
+
+
+def _job(values, dtype: str, delta: bool | None) -> tuple[np.ndarray, int]:
+    """(the values as stored, contiguous and little-endian; how they are coded)."""
+    arr = np.ascontiguousarray(values, dtype=_LITTLE[dtype])
+    integer = arr.dtype.kind == "i"
+    if delta and not integer:
+        raise ValueError(f"delta coding is exact only for integers, not {arr.dtype}")
+    return arr, _CHOOSE if delta is None and integer else _DELTA if delta else _PLAIN
+
+
+def _step_column(values, dtype: str, delta: bool | None) -> tuple:
+    """A column of pack_step: (array, mode, probe starts, dtype code)."""
+    arr, mode = _job(values, dtype, delta)
+    return arr, mode, _probe_starts(arr, mode), _CODES[arr.dtype]
+
+
+def pack_step(
+    event_count: int, events: list, attrs: list, flows, strings: bytes
+) -> tuple[int, bytes, bytes]:
+    """A step's columns packed in one C call (_colpack.pack_step): (the string table's
+    codec, its stored bytes, the Step fields events, attrs and flows as protobuf bytes).
+    events, attrs and flows as writer._parts gives them."""
+    compressed, data, fragment = _colpack.pack_step(
+        (event_count, [_step_column(*c) for c in events]),
+        [
+            (key.encode(), type_code, _step_column(*rows), _step_column(*values))
+            for key, type_code, rows, values in attrs
+        ],
+        None if flows is None else (flows[0], [_step_column(*c) for c in flows[1]]),
+        strings,
+        _MIN_COMPRESS_BYTES,
+        _DELTA_PROBE_VALUES,
+        _ZSTD_LEVEL,
+    )
+    return (pb.CODEC_ZSTD if compressed else pb.CODEC_NONE), data, fragment
 
 
 def _encode_batch(prepared: list, packer: str) -> None:
@@ -136,6 +165,11 @@ def _encode_batch(prepared: list, packer: str) -> None:
 
 
 _BOUND: list[bool] = []
+_STEP_PACKING: list[bool] = []
+# About the bytes of values a step's events hold (the event columns: 53 per row; with the
+# arguments, ~110 on the 50x copy): a step is packed in one call where this many
+# per event stay within _BATCH_BYTES.
+_STEP_BYTES_PER_EVENT = 128
 
 
 def _c_zstd() -> bool:
@@ -157,6 +191,44 @@ def _c_zstd() -> bool:
                 bound = _colpack.bind_zstd(spec.origin, major * 10000 + minor * 100 + patch)
         _BOUND.append(bound)
     return _BOUND[0]
+
+
+def _step_schema() -> tuple:
+    """The field numbers _colpack.pack_step writes, from the messages' own descriptors, and
+    the columns' order there (their names in step.EVENT_COLUMNS, FLOW_COLUMNS order)."""
+    from tessera_tb.trace.step import EVENT_COLUMNS, FLOW_COLUMNS
+
+    def numbers(message, names) -> tuple:
+        return tuple(message.DESCRIPTOR.fields_by_name[name].number for name in names)
+
+    events = numbers(pb.Events, ["count", *EVENT_COLUMNS])
+    flows = numbers(pb.Flows, ["count", *FLOW_COLUMNS])
+    for table in (events, flows):  # the columns follow each other from the first one
+        if table[1:] != tuple(range(table[1], table[1] + len(table) - 1)):
+            return ()
+    return (
+        numbers(pb.Step, ["events", "attrs", "flows"]),
+        events[:2],
+        numbers(pb.AttrColumn, ["key", "type", "rows", "values"]),
+        flows[:2],
+        numbers(pb.Column, ["dtype", "codec", "count", "delta", "shuffle", "data"]),
+        (pb.CODEC_NONE, pb.CODEC_ZSTD),
+    )
+
+
+def packs_steps(event_count: int) -> bool:
+    """Whether writer.encode_step packs a step of `event_count` events in one C call
+    (pack_step): where _colpack has Zstandard bound and writes the fields the messages
+    have (checked once against their descriptors), and the step is not so large that its
+    columns should go in rounds of _BATCH_BYTES (encode_many)."""
+    if len(_STEP_PACKING) < 1:
+        _STEP_PACKING.append(_c_zstd() and getattr(_colpack, "STEP_SCHEMA", None) == _step_schema())
+    return _STEP_PACKING[0] and event_count * _STEP_BYTES_PER_EVENT <= _BATCH_BYTES
+
+
+def strings_json(strings: list[str]) -> bytes:
+    """A string table's stored JSON, before compression."""
+    return msgspec.json.encode(strings)
 
 
 def _layout(arr: np.ndarray, mode: int) -> tuple[bool, bytes | None, bytes | None, tuple | None]:
@@ -320,7 +392,7 @@ def _decompressor():
 
 def encode_strings(strings: list[str], out: pb.StringTable) -> None:
     out.count = len(strings)
-    out.codec, out.data = _compress(msgspec.json.encode(strings))
+    out.codec, out.data = _compress(strings_json(strings))
 
 
 def decode_strings(table: pb.StringTable) -> list[str]:

@@ -14,6 +14,11 @@ import numpy as np
 
 from tessera_tb.proto import trace_pb2 as pb
 
+try:  # the C packer (setup.py builds it where a C compiler is at hand)
+    from tessera_tb.trace import _colpack
+except ImportError:
+    _colpack = None
+
 if TYPE_CHECKING:  # pandas is imported where a frame is built: the importer never needs it
     import pandas as pd
 
@@ -231,7 +236,10 @@ def canonical_order(events: dict[str, np.ndarray]) -> np.ndarray:
     """
     track, start = events["track_id"], events["start_ns"]
     longer, external = -events["dur_ns"], events["external_id"]
-    if _in_order(track, start, longer, external):
+    in_order = _c_in_order(track, start, events["dur_ns"], external)
+    if in_order is None:
+        in_order = _in_order(track, start, longer, external)
+    if in_order:
         return np.arange(track.size)  # what the stable sort gives rows already in order
     packed = _packed_keys(track, start, events["dur_ns"], external)
     if packed is None:
@@ -266,6 +274,22 @@ def _packed_keys(track, start, dur, external) -> tuple[np.ndarray, np.ndarray] |
     first = ((track.astype(np.int64) - t_low) << s_bits) | (start - s_low)
     then = ((d_high - dur) << e_bits) | (external - e_low)
     return then, first
+
+
+def _c_in_order(track, start, dur, external) -> bool | None:
+    """_in_order of (track, start, -dur, external) in one C pass without the GIL
+    (trace/_colpack.c: on a step of the 50x copy, 0.15 ms of numpy calls holding it), where
+    the packer was built and the columns have their usual types; None elsewhere."""
+    if _colpack is None or track.dtype != np.int32:
+        return None
+    if not all(k.dtype == np.int64 for k in (start, dur, external)):
+        return None
+    return _colpack.in_canonical_order(
+        np.ascontiguousarray(track),
+        np.ascontiguousarray(start),
+        np.ascontiguousarray(dur),
+        np.ascontiguousarray(external),
+    )
 
 
 def _in_order(*keys: np.ndarray) -> bool:

@@ -10,7 +10,10 @@ values that the C byte planes take at a time.
 
 from __future__ import annotations
 
+import dataclasses
+import glob
 import importlib.util
+import os
 import subprocess
 import sys
 
@@ -20,7 +23,8 @@ import zstandard
 
 from tessera_tb.proto import trace_pb2 as pb
 from tessera_tb.trace import columns, writer
-from tests.conftest import ROOT, needs_colpack, shared_trace_files, trace_id
+from tessera_tb.trace.step import empty_events
+from tests.conftest import ROOT, SHARED_TRACES, needs_colpack, shared_trace_files, trace_id
 
 pytestmark = needs_colpack()
 
@@ -129,24 +133,95 @@ def test_unpackable_input_is_refused():
         columns._colpack.layout_columns([(np.zeros(3000, np.int64), 2, (0, 1000))], 64, 2048)
 
 
-@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
-def test_shared_trace_steps_are_the_same_files(path, monkeypatch):
-    """Every step of every shared trace, encoded as the importer does, is the same bytes."""
+def _shared_steps(path: str) -> list:
     from tessera_tb.importers import kineto_decode
     from tessera_tb.importers.kineto_columns import StringTable
     from tessera_tb.importers.kineto_span import stream_span
 
-    steps = list(stream_span(kineto_decode.read_trace(path), StringTable(), 0, 0).steps)
+    trace = kineto_decode.read_trace(path)
+    base = int(trace.meta.get("baseTimeNanoseconds") or 0)
+    steps = list(stream_span(trace, StringTable(), 0, base).steps)
     assert steps
+    return steps
+
+
+def _serialised(steps, packer: str, monkeypatch) -> list[bytes]:
+    """The steps as step_to_proto makes them, its columns packed by `packer`."""
     encode_many = columns.encode_many
-    files = {}
-    for packer in PACKERS:
-        monkeypatch.setattr(
-            columns, "encode_many", lambda jobs, p=packer: encode_many(jobs, packer=p)
-        )
-        files[packer] = [writer.encode_step(step) for step in steps]
+    with monkeypatch.context() as m:
+        m.setattr(columns, "encode_many", lambda jobs, p=packer: encode_many(jobs, packer=p))
+        return [writer.step_to_proto(step).SerializeToString() for step in steps]
+
+
+@pytest.mark.parametrize("path", shared_trace_files(), ids=trace_id)
+def test_shared_trace_steps_are_the_same_files(path, monkeypatch):
+    """Every step of every shared trace is the same bytes whichever way it is packed: the
+    protobuf message filled column by column by each packer (step_to_proto), and the step
+    packed in one C call with the fields that hold its columns written there
+    (encode_step's path, pack_step)."""
+    steps = _shared_steps(path)
+    files = {packer: _serialised(steps, packer, monkeypatch) for packer in PACKERS}
+    assert all(columns.packs_steps(step.num_events) for step in steps)
+    calls = []
+    pack_step = columns._colpack.pack_step
+    monkeypatch.setattr(columns._colpack, "pack_step", lambda *a: calls.append(1) or pack_step(*a))
+    files["c-step"] = [writer.encode_step(step) for step in steps]
+    assert len(calls) == len(steps)  # every step took the one-call path
     assert files["c"] == files["python"]
     assert files["c-layout"] == files["python"]
+    assert files["c-step"] == files["python"]
+
+
+def test_a_step_with_counters_capabilities_and_nothing_else_packs_the_same(monkeypatch):
+    """The fields around the ones pack_step writes (NVML counters, capabilities, the span
+    index) and a step with no events, attributes or flows at all: the same bytes both ways."""
+    from tessera_tb.importers import nvml_csv
+    from tessera_tb.trace.step import Capability
+
+    directory = os.path.join(SHARED_TRACES, "pytorch", "gpt_1gpu_stack")
+    (path,) = glob.glob(os.path.join(directory, "*.json.gz"))
+    step = _shared_steps(path)[0]
+    samples = nvml_csv.read_nvml_csv(os.path.join(directory, "nvml_worker0.csv"))
+    counters = nvml_csv.counters_between(samples, step.start_ns, step.end_ns, 0)
+    assert counters  # the file's samples inside the step, as the importer attaches them
+    extra = dataclasses.replace(
+        step,
+        span_index=3,
+        counters=counters,
+        capabilities=[Capability("nvml", "ok", ""), Capability("ncu.counters", "unavailable", "x")],
+    )
+    empty = dataclasses.replace(
+        step, events=empty_events(), attrs=[], flows={}, counters=[], capabilities=[]
+    )
+    no_flows = dataclasses.replace(step, flows={})
+    for case in (extra, empty, no_flows):
+        want = writer.step_to_proto(case).SerializeToString()
+        assert writer.encode_step(case) == want
+        assert pb.Step.FromString(want) == writer.step_to_proto(case)
+
+
+def test_a_large_step_is_packed_in_rounds_the_same_bytes(monkeypatch):
+    """A step too large for one call (columns.packs_steps) is packed by encode_many in
+    rounds of _BATCH_BYTES: the same file."""
+    path = sorted(glob.glob(os.path.join(SHARED_TRACES, "pytorch", "fsdp_gpt_4rank", "*.json.gz")))[
+        0
+    ]
+    steps = _shared_steps(path)
+    one_call = [writer.encode_step(step) for step in steps]
+    monkeypatch.setattr(columns, "_BATCH_BYTES", 100_000)
+    assert not any(columns.packs_steps(step.num_events) for step in steps)
+    assert [writer.encode_step(step) for step in steps] == one_call
+
+
+def test_pack_step_writes_the_fields_the_messages_have(monkeypatch):
+    """The field numbers _colpack.pack_step writes are the messages' (from their
+    descriptors); where they were not, encode_step would not use it."""
+    assert columns._colpack.STEP_SCHEMA == columns._step_schema()
+    monkeypatch.setattr(columns, "_STEP_PACKING", [])
+    monkeypatch.setattr(
+        columns._colpack, "STEP_SCHEMA", ((9, 10, 12),) + columns._step_schema()[1:]
+    )
+    assert not columns.packs_steps(10)
 
 
 def test_the_packages_zstandard_is_bound():
@@ -223,19 +298,13 @@ class _OneFrameAtATime:
 def test_one_compress_call_per_form_writes_the_batch_calls_frames(packer, monkeypatch):
     """_compress_many uses zstandard's batch call where there is one, else a call per form:
     the steps of a real trace come out the same either way."""
-    from tessera_tb.importers import kineto_decode
-    from tessera_tb.importers.kineto_columns import StringTable
-    from tessera_tb.importers.kineto_span import stream_span
-
     path = [p for p in shared_trace_files() if "fsdp_gpt_4rank" in p][0]
-    steps = list(stream_span(kineto_decode.read_trace(path), StringTable(), 0, 0).steps)
-    encode_many = columns.encode_many
-    monkeypatch.setattr(columns, "encode_many", lambda jobs: encode_many(jobs, packer=packer))
+    steps = _shared_steps(path)
     assert hasattr(columns._compressor(), "multi_compress_to_buffer")
-    batched = [writer.encode_step(step) for step in steps]
+    batched = _serialised(steps, packer, monkeypatch)
     single = columns._compressor()
     monkeypatch.setattr(columns, "_compressor", lambda: _OneFrameAtATime(single))
-    assert [writer.encode_step(step) for step in steps] == batched
+    assert _serialised(steps, packer, monkeypatch) == batched
 
 
 @pytest.mark.parametrize("packer", PACKERS)

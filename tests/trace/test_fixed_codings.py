@@ -86,15 +86,18 @@ def test_only_attribute_values_are_left_to_the_encoder(monkeypatch):
     the encoder would choose on these traces, so the bytes alone cannot tell)."""
     steps = _steps(TRACES[0])
     left: list[int] = []
-    encode_many = columns.encode_many
+    job = columns._job
 
-    def counting(jobs, **kwargs):
-        jobs = list(jobs)
-        left.append(sum(1 for v, dtype, delta, _ in jobs if delta is None and dtype[0] == "i"))
-        return encode_many(jobs, **kwargs)
+    def counting(values, dtype, delta):
+        left.append(delta is None and dtype[0] == "i")
+        return job(values, dtype, delta)
 
-    monkeypatch.setattr(columns, "encode_many", counting)
+    monkeypatch.setattr(columns, "_job", counting)
     for step in steps:
-        writer.encode_step(step)
+        writer.encode_step(step)  # every column of the step goes through _job once
         integer_attrs = sum(1 for a in step.attrs if ATTR_VALUE_DTYPES[a.type][0] == "i")
-        assert left.pop() == integer_attrs
+        assert sum(left) == integer_attrs
+        assert len(left) == 2 * len(step.attrs) + len(EVENT_COLUMNS) + len(FLOW_COLUMNS) * bool(
+            step.flows
+        )
+        left.clear()
