@@ -133,6 +133,30 @@ def test_unpackable_input_is_refused():
         columns._colpack.layout_columns([(np.zeros(3000, np.int64), 2, (0, 1000))], 64, 2048)
 
 
+def test_unpackable_steps_are_refused():
+    """pack_step and pack_columns refuse malformed input with an error, not a crash."""
+    assert columns._c_zstd()
+    pack = columns._colpack.pack_step
+    col = (np.arange(10, dtype=np.int64), 0, None, pb.INT64)
+    good = ((10, [col]), [(b"k", pb.ATTR_INT64, col, col)], None, b"[]", 64, 2048, 3)
+    assert pack(*good)[2]  # the well-formed call packs
+    bad = [
+        ((10, [col[:3]]), [], None, b"[]", 64, 2048, 3),  # a column without its dtype
+        ((10, col), [], None, b"[]", 64, 2048, 3),  # columns not in a list
+        (None, [], None, b"[]", 64, 2048, 3),  # no events table
+        ((10, [col]), [(b"k", 1, col)], None, b"[]", 64, 2048, 3),  # an attribute's values
+        ((10, [col]), [], (3, [(np.zeros(8, np.int64)[::2], 0, None, 3)]), b"[]", 64, 2048, 3),
+        ((10, [(np.zeros(4, np.complex128), 0, None, 3)]), [], None, b"[]", 64, 2048, 3),
+        ((10, [(np.zeros(4, np.int64), 9, None, 3)]), [], None, b"[]", 64, 2048, 3),
+        ((10, [col]), [], None, "not bytes", 64, 2048, 3),
+    ]
+    for args in bad:
+        with pytest.raises((TypeError, ValueError)):
+            pack(*args)
+    with pytest.raises(TypeError):
+        columns._colpack.pack_columns([np.zeros(4, np.int64)], 64, 2048, 3)
+
+
 def _shared_steps(path: str) -> list:
     from tessera_tb.importers import kineto_decode
     from tessera_tb.importers.kineto_columns import StringTable
