@@ -464,16 +464,18 @@ def import_worker(
     """Import one worker's (rank's) trace files, in span order, into `run_dir` (a staging
     run directory: files written plainly, the worker's meta.pb last). The per-rank unit of
     `import_traces`, run in its threads or as one Dask task (`dask_import`). Raises
-    TraceFormatError naming the file and the problem."""
-    return _import_worker(
-        worker,
-        files,
-        run_dir,
-        steps,
-        nvml,
-        progress or (lambda _msg: None),
-        warnings if warnings is not None else [],
-    )
+    TraceFormatError naming the file and the problem. glibc's malloc is set for it while
+    it runs (background.import_malloc)."""
+    with background.import_malloc():
+        return _import_worker(
+            worker,
+            files,
+            run_dir,
+            steps,
+            nvml,
+            progress or (lambda _msg: None),
+            warnings if warnings is not None else [],
+        )
 
 
 def nvml_file_of(files: list[str], worker: str) -> str | None:
@@ -508,15 +510,18 @@ def _import_workers(
             worker, files, run_dir, steps, nvml_path, progress, per_worker[worker]
         )
 
-    if jobs == 1:
-        results = [one(w) for w in by_worker]
-    else:
-        pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tessera-import")
-        futures = [pool.submit(one, w) for w in by_worker]
-        try:
-            results = [f.result() for f in futures]
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
+    # glibc's malloc set for the import (before any of its threads start: they share one
+    # arena), put back when it ends
+    with background.import_malloc():
+        if jobs == 1:
+            results = [one(w) for w in by_worker]
+        else:
+            pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="tessera-import")
+            futures = [pool.submit(one, w) for w in by_worker]
+            try:
+                results = [f.result() for f in futures]
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
     for w in by_worker:
         warnings.extend(per_worker[w])
     return results
