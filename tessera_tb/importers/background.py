@@ -50,13 +50,13 @@ def import_malloc():
     of up to 32 MB from the heap rather than mapped afresh, and freed memory kept, not
     given back to the system. A span's columns and temporaries, made and dropped by the
     scanners, the merge, the span's pieces and the steps in several threads, then reuse
-    memory already touched: on the 50x copy some 30,000 fewer page faults, 1.28-1.34 s of
-    CPU against 1.37-1.41 s, and 0.746-0.799 s against 0.784-0.810 s (4 alternating runs),
-    its peak no higher (196-198 MB against 204-207 MB; the 52x one-step copy 203-212 MB
-    against 205-211 MB). When the last import running ends, glibc's default values are put
-    back (its adaptive mmap threshold stays fixed at the default from then on) and the
-    freed memory is given back in a thread of its own. Where malloc is not glibc's, or
-    TESSERA_MALLOC=default is set, nothing changes."""
+    memory already touched: on the 50x copy 30,000-33,000 page faults against
+    75,000-77,000, 1.28-1.34 s of CPU against 1.37-1.41 s, and 0.762-0.828 s against
+    0.794-0.883 s (6 alternating runs), its peak no higher (196-198 MB against 204-207 MB;
+    the 52x one-step copy 214-219 MB against 225-232 MB). When the last import running
+    ends, glibc's default values are put back (its adaptive mmap threshold stays fixed at
+    the default from then on) and the freed memory is given back in a thread of its own.
+    Where malloc is not glibc's, or TESSERA_MALLOC=default is set, nothing changes."""
     global _tuned
     mallopt = _mallopt()
     with _tuned_lock:
