@@ -40,18 +40,95 @@
 enum { MODE_PLAIN = 0, MODE_DELTA = 1, MODE_CHOOSE = 2 };
 #define MAX_PROBES 64
 
+/* One form's stored bytes (pack_form): compressed where it is at least min_bytes long and
+ * that makes it smaller, else the form itself. */
+typedef struct {
+    unsigned char *data;
+    size_t len;
+    int compressed;
+} Packed;
+
+/* A column to pack (parse_job): its values, how they are coded, and what pack_columns and
+ * pack_step make of it. */
 typedef struct {
     Py_buffer view;
     int held;
     Py_ssize_t n;
-    int width;
-    int mode;
-    Py_ssize_t starts[MAX_PROBES]; /* probe blocks' first values, for a long column's choice */
+    int width, mode, choose, delta_only;
+    Py_ssize_t starts[MAX_PROBES];
     Py_ssize_t n_starts;
-    /* result: bytes objects made with the GIL, filled without it */
+    int delta;
+    int dtype_code; /* the Column's dtype (pack_step) */
+    Packed packed;
+} PackJob;
+
+/* jobs[i] from (array, mode[, starts]) (with_dtype: (array, mode, starts, dtype code)); -1
+ * with an exception set. The buffer is held from here on (j->held). */
+static int parse_job(PyObject *item, PackJob *j, Py_ssize_t min_bytes, Py_ssize_t probe_values,
+                     int with_dtype) {
+    PyObject *arr, *starts = Py_None;
+    int mode, code = 0;
+    int ok = PyTuple_Check(item) &&
+             (with_dtype ? PyArg_ParseTuple(item, "OiOi", &arr, &mode, &starts, &code)
+                         : PyArg_ParseTuple(item, "Oi|O", &arr, &mode, &starts));
+    if (!ok) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, with_dtype ? "each column is (array, mode, starts, dtype)"
+                                                        : "each job is (array, mode[, starts])");
+        return -1;
+    }
+    if (PyObject_GetBuffer(arr, &j->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
+    j->held = 1;
+    j->dtype_code = code;
+    int w = (int)j->view.itemsize;
+    if (w != 1 && w != 2 && w != 4 && w != 8) {
+        PyErr_Format(PyExc_ValueError, "values of %d bytes cannot be packed", w);
+        return -1;
+    }
+    if (mode < MODE_PLAIN || mode > MODE_CHOOSE) {
+        PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
+        return -1;
+    }
+    j->width = w;
+    j->n = j->view.len / w;
+    j->mode = mode;
+    j->choose = mode == MODE_CHOOSE && j->n > 2 && j->view.len >= min_bytes;
+    j->delta_only = mode == MODE_DELTA && j->n > 0;
+    if (j->choose && starts != Py_None) {
+        if (!PyTuple_Check(starts) || PyTuple_GET_SIZE(starts) > MAX_PROBES) {
+            PyErr_Format(PyExc_TypeError, "probe starts: a tuple of at most %d ints", MAX_PROBES);
+            return -1;
+        }
+        j->n_starts = PyTuple_GET_SIZE(starts);
+        for (Py_ssize_t b = 0; b < j->n_starts; b++) {
+            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(starts, b));
+            if (at == -1 && PyErr_Occurred()) return -1;
+            if (at < 0 || at + probe_values > j->n) {
+                PyErr_Format(PyExc_ValueError, "probe block at %zd is outside the column", at);
+                return -1;
+            }
+            j->starts[b] = at;
+        }
+    }
+    return 0;
+}
+
+/* layout_columns' job: the column, and the bytes objects of its forms, made with the GIL
+ * and filled without it. */
+typedef struct {
+    PackJob c;
     PyObject *plain, *diffs;
     PyObject *probes[MAX_PROBES][2];
 } Job;
+
+/* min_bytes and probe_values as the callers pass them; else ValueError. */
+static int check_sizes(Py_ssize_t min_bytes, Py_ssize_t probe_values) {
+    if (min_bytes < 0 || probe_values < 1) {
+        PyErr_SetString(PyExc_ValueError, "min_bytes and probe_values must be positive");
+        return -1;
+    }
+    return 0;
+}
 
 /* Differences from the previous value, the first from 0, wrapping like numpy's subtract:
  * unsigned arithmetic of the values' width (memcpy: the values need not be aligned). */
@@ -139,34 +216,34 @@ static void lay_out(const unsigned char *src, Py_ssize_t n, int w, PyObject *pla
 }
 
 static int run_job(Job *j, Py_ssize_t probe_values, unsigned char **scratch, size_t *cap) {
-    size_t need = (size_t)j->n * (size_t)j->width;
-    if (j->n_starts && (size_t)probe_values * (size_t)j->width > need)
-        need = (size_t)probe_values * (size_t)j->width;
+    size_t need = (size_t)j->c.n * (size_t)j->c.width;
+    if (j->c.n_starts && (size_t)probe_values * (size_t)j->c.width > need)
+        need = (size_t)probe_values * (size_t)j->c.width;
     if (j->diffs && need > *cap) {
         unsigned char *q = realloc(*scratch, need);
         if (!q) return -1;
         *scratch = q;
         *cap = need;
     }
-    const unsigned char *src = j->view.buf;
-    for (Py_ssize_t b = 0; b < j->n_starts; b++)
-        lay_out(src + (size_t)j->starts[b] * j->width, probe_values, j->width, j->probes[b][0],
+    const unsigned char *src = j->c.view.buf;
+    for (Py_ssize_t b = 0; b < j->c.n_starts; b++)
+        lay_out(src + (size_t)j->c.starts[b] * j->c.width, probe_values, j->c.width, j->probes[b][0],
                 j->probes[b][1], *scratch);
-    lay_out(src, j->n, j->width, j->plain, j->diffs, *scratch);
+    lay_out(src, j->c.n, j->c.width, j->plain, j->diffs, *scratch);
     return 0;
 }
 
 static PyObject *new_bytes(Py_ssize_t n) { return PyBytes_FromStringAndSize(NULL, n); }
 
 static PyObject *job_result(Job *j) {
-    int shuffle = j->width > 1 && j->n > 1;
+    int shuffle = j->c.width > 1 && j->c.n > 1;
     PyObject *probes = Py_None;
     Py_INCREF(Py_None);
-    if (j->n_starts) {
+    if (j->c.n_starts) {
         Py_DECREF(Py_None);
-        probes = PyTuple_New(j->n_starts);
+        probes = PyTuple_New(j->c.n_starts);
         if (!probes) return NULL;
-        for (Py_ssize_t b = 0; b < j->n_starts; b++) {
+        for (Py_ssize_t b = 0; b < j->c.n_starts; b++) {
             PyObject *pair = PyTuple_Pack(2, j->probes[b][0], j->probes[b][1]);
             if (!pair) {
                 Py_DECREF(probes);
@@ -186,10 +263,7 @@ static PyObject *layout_columns(PyObject *self, PyObject *args) {
     Py_ssize_t min_bytes, probe_values;
     if (!PyArg_ParseTuple(args, "O!nn", &PyList_Type, &jobs_obj, &min_bytes, &probe_values))
         return NULL;
-    if (min_bytes < 0 || probe_values < 1) {
-        PyErr_SetString(PyExc_ValueError, "min_bytes and probe_values must be positive");
-        return NULL;
-    }
+    if (check_sizes(min_bytes, probe_values)) return NULL;
     Py_ssize_t count = PyList_GET_SIZE(jobs_obj);
     Job *jobs = calloc(count ? count : 1, sizeof(Job));
     if (!jobs) return PyErr_NoMemory();
@@ -198,51 +272,16 @@ static PyObject *layout_columns(PyObject *self, PyObject *args) {
     size_t scratch_cap = 0;
 
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GET_ITEM(jobs_obj, i);
-        PyObject *arr, *starts = Py_None;
-        int mode;
-        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "Oi|O", &arr, &mode, &starts)) {
-            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "each job is (array, mode[, starts])");
-            goto done;
-        }
         Job *j = &jobs[i];
-        if (PyObject_GetBuffer(arr, &j->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto done;
-        j->held = 1;
-        int w = (int)j->view.itemsize;
-        if (w != 1 && w != 2 && w != 4 && w != 8) {
-            PyErr_Format(PyExc_ValueError, "values of %d bytes cannot be packed", w);
-            goto done;
-        }
-        if (mode < MODE_PLAIN || mode > MODE_CHOOSE) {
-            PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
-            goto done;
-        }
-        j->width = w;
-        j->n = j->view.len / w;
-        j->mode = mode;
+        if (parse_job(PyList_GET_ITEM(jobs_obj, i), &j->c, min_bytes, probe_values, 0)) goto done;
         /* columns._layout: which forms are wanted */
-        int choose = mode == MODE_CHOOSE && j->n > 2 && j->view.len >= min_bytes;
-        int delta_only = mode == MODE_DELTA && j->n > 0;
-        if (choose && starts != Py_None) {
-            if (!PyTuple_Check(starts) || PyTuple_GET_SIZE(starts) > MAX_PROBES) {
-                PyErr_Format(PyExc_TypeError, "probe starts: a tuple of at most %d ints", MAX_PROBES);
-                goto done;
-            }
-            j->n_starts = PyTuple_GET_SIZE(starts);
-            for (Py_ssize_t b = 0; b < j->n_starts; b++) {
-                Py_ssize_t s = PyLong_AsSsize_t(PyTuple_GET_ITEM(starts, b));
-                if (s == -1 && PyErr_Occurred()) goto done;
-                if (s < 0 || s + probe_values > j->n) {
-                    PyErr_Format(PyExc_ValueError, "probe block at %zd is outside the column", s);
-                    goto done;
-                }
-                j->starts[b] = s;
-                if (!(j->probes[b][0] = new_bytes(probe_values * w))) goto done;
-                if (!(j->probes[b][1] = new_bytes(probe_values * w))) goto done;
-            }
+        Py_ssize_t len = j->c.view.len, w = j->c.width;
+        for (Py_ssize_t b = 0; b < j->c.n_starts; b++) {
+            if (!(j->probes[b][0] = new_bytes(probe_values * w))) goto done;
+            if (!(j->probes[b][1] = new_bytes(probe_values * w))) goto done;
         }
-        if (!delta_only && !(j->plain = new_bytes(j->view.len))) goto done;
-        if ((delta_only || choose) && !(j->diffs = new_bytes(j->view.len))) goto done;
+        if (!j->c.delta_only && !(j->plain = new_bytes(len))) goto done;
+        if ((j->c.delta_only || j->c.choose) && !(j->diffs = new_bytes(len))) goto done;
     }
 
     int failed = 0;
@@ -269,7 +308,7 @@ static PyObject *layout_columns(PyObject *self, PyObject *args) {
 done:
     for (Py_ssize_t i = 0; i < count; i++) {
         Job *j = &jobs[i];
-        if (j->held) PyBuffer_Release(&j->view);
+        if (j->c.held) PyBuffer_Release(&j->c.view);
         Py_XDECREF(j->plain);
         Py_XDECREF(j->diffs);
         for (Py_ssize_t b = 0; b < MAX_PROBES; b++) {
@@ -282,23 +321,6 @@ done:
     return result;
 }
 
-/* ---- pack_columns: layout, Zstandard and the choice of form in one call, no GIL ----------
- *
- * What columns._pack_all does with the laid-out forms, here in C: each wanted form is
- * compressed (a form of at least min_bytes, kept compressed where that is smaller), a column
- * with both forms keeps the smaller (the plain one on a tie), and a long column that chooses
- * does so on its probe blocks, then compresses only the chosen form. With the layout in
- * Python's hands, a step cost ~1.2 ms of GIL-held work between the C calls (lists of forms,
- * the batch call's segments, the choice); steps encoded in two threads queued for it.
- *
- * Zstandard is the one the zstandard package was built with: bind_zstd(path) loads the
- * package's own library (its CFFI module exports Zstandard's functions) and takes the
- * functions from it, so the frames are the package's, byte for byte. The bound version must
- * equal the one the package reports, or nothing is bound and Python packs as before.
- *
- * pack_columns(jobs, min_bytes, probe_values, level) -> list
- *   jobs as layout_columns'. Returns one (delta, shuffle, compressed, bytes) per job.
- */
 #if COLPACK_ZSTD
 typedef void ZSTD_CCtx;
 static struct {
@@ -350,6 +372,13 @@ static PyObject *bind_zstd(PyObject *self, PyObject *args) {
     Py_RETURN_TRUE;
 }
 
+/* Zstandard bound (bind_zstd); else RuntimeError. */
+static int check_bound(void) {
+    if (z_bound) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "no Zstandard bound (bind_zstd)");
+    return -1;
+}
+
 /* This thread's compression context at `level` (made on first use, freed when the thread
  * ends); NULL when it cannot be made. */
 static ZSTD_CCtx *thread_cctx(int level) {
@@ -372,13 +401,10 @@ static ZSTD_CCtx *thread_cctx(int level) {
     return c;
 }
 
-/* One form's stored bytes: compressed where it is at least min_bytes long and that makes it
- * smaller, else the form itself. `form` is taken (kept as the result or freed). */
 typedef struct {
-    unsigned char *data;
-    size_t len;
-    int compressed;
-} Packed;
+    unsigned char *buf, *zbuf; /* differences; a compressed probe block */
+    size_t cap, zcap;
+} Scratch;
 
 typedef struct {
     ZSTD_CCtx *cctx;
@@ -439,17 +465,6 @@ static int packed_size(Packer *p, const unsigned char *form, size_t len, size_t 
     return 0;
 }
 
-typedef struct {
-    Py_buffer view;
-    int held;
-    Py_ssize_t n;
-    int width, mode, choose, delta_only;
-    Py_ssize_t starts[MAX_PROBES];
-    Py_ssize_t n_starts;
-    int delta;
-    int dtype_code; /* the Column's dtype (pack_step) */
-    Packed packed;
-} PackJob;
 
 /* A form of n values at src laid out into a new buffer: their planes, or those of their
  * differences (scratch: room for n values). */
@@ -543,55 +558,27 @@ static int pack_job(Packer *p, PackJob *j, Py_ssize_t probe_values, unsigned cha
     return 0;
 }
 
-/* jobs[i] from (array, mode[, starts]) (with_dtype: (array, mode, starts, dtype code)); -1
- * with an exception set. The buffer is held from here on (j->held). */
-static int parse_job(PyObject *item, PackJob *j, Py_ssize_t min_bytes, Py_ssize_t probe_values,
-                     int with_dtype) {
-    PyObject *arr, *starts = Py_None;
-    int mode, code = 0;
-    int ok = PyTuple_Check(item) &&
-             (with_dtype ? PyArg_ParseTuple(item, "OiOi", &arr, &mode, &starts, &code)
-                         : PyArg_ParseTuple(item, "Oi|O", &arr, &mode, &starts));
-    if (!ok) {
-        if (!PyErr_Occurred())
-            PyErr_SetString(PyExc_TypeError, with_dtype ? "each column is (array, mode, starts, dtype)"
-                                                        : "each job is (array, mode[, starts])");
+/* Every job packed in this thread's compression context at `level`, without the GIL;
+ * -1 with p->error set. The scratch buffers are the caller's to free. */
+static int pack_jobs(Packer *p, PackJob *jobs, Py_ssize_t count, Py_ssize_t probe_values,
+                     int level, Scratch *sc) {
+    p->cctx = thread_cctx(level);
+    if (!p->cctx) {
+        p->error = "no compression context";
         return -1;
     }
-    if (PyObject_GetBuffer(arr, &j->view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
-    j->held = 1;
-    j->dtype_code = code;
-    int w = (int)j->view.itemsize;
-    if (w != 1 && w != 2 && w != 4 && w != 8) {
-        PyErr_Format(PyExc_ValueError, "values of %d bytes cannot be packed", w);
-        return -1;
-    }
-    if (mode < MODE_PLAIN || mode > MODE_CHOOSE) {
-        PyErr_Format(PyExc_ValueError, "unknown mode %d", mode);
-        return -1;
-    }
-    j->width = w;
-    j->n = j->view.len / w;
-    j->mode = mode;
-    j->choose = mode == MODE_CHOOSE && j->n > 2 && j->view.len >= min_bytes;
-    j->delta_only = mode == MODE_DELTA && j->n > 0;
-    if (j->choose && starts != Py_None) {
-        if (!PyTuple_Check(starts) || PyTuple_GET_SIZE(starts) > MAX_PROBES) {
-            PyErr_Format(PyExc_TypeError, "probe starts: a tuple of at most %d ints", MAX_PROBES);
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (pack_job(p, &jobs[i], probe_values, &sc->buf, &sc->cap, &sc->zbuf, &sc->zcap))
             return -1;
-        }
-        j->n_starts = PyTuple_GET_SIZE(starts);
-        for (Py_ssize_t b = 0; b < j->n_starts; b++) {
-            Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(starts, b));
-            if (at == -1 && PyErr_Occurred()) return -1;
-            if (at < 0 || at + probe_values > j->n) {
-                PyErr_Format(PyExc_ValueError, "probe block at %zd is outside the column", at);
-                return -1;
-            }
-            j->starts[b] = at;
-        }
-    }
     return 0;
+}
+
+/* The exception for a failed pack_jobs (with the GIL). */
+static void raise_pack_error(const Packer *p, const char *what) {
+    if (p->error && strcmp(p->error, "memory") == 0)
+        PyErr_NoMemory();
+    else
+        PyErr_Format(PyExc_RuntimeError, "%s: %s", what, p->error ? p->error : "failed");
 }
 
 static PyObject *pack_columns(PyObject *self, PyObject *args) {
@@ -601,40 +588,23 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!nni", &PyList_Type, &jobs_obj, &min_bytes, &probe_values,
                           &level))
         return NULL;
-    if (!z_bound) {
-        PyErr_SetString(PyExc_RuntimeError, "no Zstandard bound (bind_zstd)");
-        return NULL;
-    }
-    if (min_bytes < 0 || probe_values < 1) {
-        PyErr_SetString(PyExc_ValueError, "min_bytes and probe_values must be positive");
-        return NULL;
-    }
+    if (check_bound() || check_sizes(min_bytes, probe_values)) return NULL;
     Py_ssize_t count = PyList_GET_SIZE(jobs_obj);
     PackJob *jobs = calloc(count ? count : 1, sizeof(PackJob));
     if (!jobs) return PyErr_NoMemory();
     PyObject *result = NULL;
-    unsigned char *scratch = NULL, *zbuf = NULL;
-    size_t scratch_cap = 0, zcap = 0;
+    Scratch sc = {NULL, NULL, 0, 0};
 
     for (Py_ssize_t i = 0; i < count; i++)
         if (parse_job(PyList_GET_ITEM(jobs_obj, i), &jobs[i], min_bytes, probe_values, 0)) goto done;
 
     Packer p = {NULL, (size_t)min_bytes, NULL};
-    int failed = 0;
+    int failed;
     Py_BEGIN_ALLOW_THREADS
-    p.cctx = thread_cctx(level);
-    if (!p.cctx) {
-        p.error = "no compression context";
-        failed = 1;
-    }
-    for (Py_ssize_t i = 0; i < count && !failed; i++)
-        failed = pack_job(&p, &jobs[i], probe_values, &scratch, &scratch_cap, &zbuf, &zcap) != 0;
+    failed = pack_jobs(&p, jobs, count, probe_values, level, &sc);
     Py_END_ALLOW_THREADS
     if (failed) {
-        if (p.error && strcmp(p.error, "memory") == 0)
-            PyErr_NoMemory();
-        else
-            PyErr_Format(PyExc_RuntimeError, "Zstandard: %s", p.error ? p.error : "failed");
+        raise_pack_error(&p, "Zstandard");
         goto done;
     }
 
@@ -662,8 +632,8 @@ done:
         free(jobs[i].packed.data);
     }
     free(jobs);
-    free(scratch);
-    free(zbuf);
+    free(sc.buf);
+    free(sc.zbuf);
     return result;
 }
 
@@ -822,8 +792,8 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     PackJob *jobs = NULL;
     AttrHead *heads = NULL;
-    unsigned char *scratch = NULL, *zbuf = NULL, *frag = NULL;
-    size_t scratch_cap = 0, zcap = 0;
+    unsigned char *frag = NULL;
+    Scratch sc = {NULL, NULL, 0, 0};
     Packed strings_packed = {NULL, 0, 0};
     Py_ssize_t n_ev = table_columns(events), n_fl = table_columns(flows);
     Py_ssize_t n_attrs = PyList_GET_SIZE(attrs), count = 0;
@@ -832,14 +802,7 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "a step has an events table");
         goto done;
     }
-    if (!z_bound) {
-        PyErr_SetString(PyExc_RuntimeError, "no Zstandard bound (bind_zstd)");
-        goto done;
-    }
-    if (min_bytes < 0 || probe_values < 1) {
-        PyErr_SetString(PyExc_ValueError, "min_bytes and probe_values must be positive");
-        goto done;
-    }
+    if (check_bound() || check_sizes(min_bytes, probe_values)) goto done;
     count = n_ev + 2 * n_attrs + n_fl;
     jobs = calloc(count ? count : 1, sizeof(PackJob));
     heads = calloc(n_attrs ? n_attrs : 1, sizeof(AttrHead));
@@ -867,16 +830,10 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
         goto done;
 
     Packer p = {NULL, (size_t)min_bytes, NULL};
-    int failed = 0;
+    int failed;
     size_t frag_len = 0;
     Py_BEGIN_ALLOW_THREADS
-    p.cctx = thread_cctx(level);
-    if (!p.cctx) {
-        p.error = "no compression context";
-        failed = 1;
-    }
-    for (Py_ssize_t i = 0; i < count && !failed; i++)
-        failed = pack_job(&p, &jobs[i], probe_values, &scratch, &scratch_cap, &zbuf, &zcap) != 0;
+    failed = pack_jobs(&p, jobs, count, probe_values, level, &sc);
     if (!failed) { /* the string table: one plain byte column */
         unsigned char *form = malloc(strings.len ? (size_t)strings.len : 1);
         if (!form) {
@@ -921,10 +878,7 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (failed) {
-        if (p.error && strcmp(p.error, "memory") == 0)
-            PyErr_NoMemory();
-        else
-            PyErr_Format(PyExc_RuntimeError, "pack_step: %s", p.error ? p.error : "failed");
+        raise_pack_error(&p, "pack_step");
         goto done;
     }
     result = Py_BuildValue("(Oy#y#)", strings_packed.compressed ? Py_True : Py_False,
@@ -940,8 +894,8 @@ done:
     }
     free(jobs);
     free(heads);
-    free(scratch);
-    free(zbuf);
+    free(sc.buf);
+    free(sc.zbuf);
     free(frag);
     free(strings_packed.data);
     PyBuffer_Release(&strings);
