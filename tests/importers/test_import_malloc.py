@@ -108,3 +108,23 @@ def test_without_glibcs_mallopt_nothing_is_set_and_the_import_works(tmp_path, mo
         assert background._tuned == 0
     result = import_traces([DDP], str(tmp_path), "r")
     assert [len(w.steps) for w in result.workers] == [3, 3]
+
+
+def test_a_worker_imported_alone_runs_with_the_settings(tmp_path, monkeypatch):
+    """A Dask task imports one worker (import_worker) in a worker process: the settings
+    hold there too, and are put back after it."""
+    recorder = _record(monkeypatch)
+    seen = []
+    encode = kineto_import.encode_step
+
+    def noting(step):
+        seen.append(background._tuned)
+        return encode(step)
+
+    monkeypatch.setattr(kineto_import, "encode_step", noting)
+    files = sorted(os.path.join(RESNET, f) for f in os.listdir(RESNET) if f.endswith(".json.gz"))
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    kineto_import.import_worker("worker0", files[:1], str(run_dir))
+    assert seen and set(seen) == {1}
+    assert recorder.calls == list(background._IMPORT_SETTINGS + background._DEFAULT_SETTINGS)
