@@ -24,11 +24,16 @@ def two_cpus() -> bool:
 # glibc's mallopt parameters (malloc.h) and what an import sets them to.
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -3, -8
 _IMPORT_SETTINGS = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, 32 << 20), (_M_TRIM_THRESHOLD, 1 << 30))
-# glibc's own values, put back when the last import ends (its arena limit is 8 per CPU).
-_DEFAULT_SETTINGS = (
+# What the last import to end leaves: glibc's arena limit (8 per CPU), and the thresholds
+# where glibc's own adaptation takes a process that frees large blocks (the mmap threshold
+# rises to the largest freed, at most 32 MB, and the trim threshold to twice that). Setting
+# a threshold turns that adaptation off for good, so glibc's starting values (128 KB) would
+# leave every later array over 128 KB to a fresh mapping, numpy's work after an import
+# (an analysis in the same process) paying the page faults again each time.
+_AFTER_SETTINGS = (
     (_M_ARENA_MAX, 8 * (os.cpu_count() or 1)),
-    (_M_MMAP_THRESHOLD, 128 << 10),
-    (_M_TRIM_THRESHOLD, 128 << 10),
+    (_M_MMAP_THRESHOLD, 32 << 20),
+    (_M_TRIM_THRESHOLD, 64 << 20),
 )
 _tuned = 0  # imports running with the settings above
 _tuned_lock = threading.Lock()
@@ -54,9 +59,10 @@ def import_malloc():
     75,000-77,000, 1.28-1.34 s of CPU against 1.37-1.41 s, and 0.762-0.828 s against
     0.794-0.883 s (6 alternating runs), its peak no higher (196-198 MB against 204-207 MB;
     the 52x one-step copy 214-219 MB against 225-232 MB). When the last import running
-    ends, glibc's default values are put back (its adaptive mmap threshold stays fixed at
-    the default from then on) and the freed memory is given back in a thread of its own.
-    Where malloc is not glibc's, or TESSERA_MALLOC=default is set, nothing changes."""
+    ends, the arena limit is glibc's again and the thresholds are left where glibc's own
+    adaptation would take them (_AFTER_SETTINGS), and the freed memory is given back in a
+    thread of its own. Where malloc is not glibc's, or TESSERA_MALLOC=default is set,
+    nothing changes."""
     global _tuned
     mallopt = _mallopt()
     with _tuned_lock:
@@ -72,7 +78,7 @@ def import_malloc():
             with _tuned_lock:
                 _tuned -= 1
                 if _tuned == 0:
-                    for k, v in _DEFAULT_SETTINGS:
+                    for k, v in _AFTER_SETTINGS:
                         mallopt(k, v)
                     _trim_in_thread()
 

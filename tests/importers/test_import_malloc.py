@@ -1,5 +1,6 @@
 """glibc's malloc set for an import while it runs (background.import_malloc): applied once
-before the import's threads start, put back once when the last import ends, never in the
+before the import's threads start, changed once more when the last import ends (the arena
+limit glibc's again, the thresholds where its adaptation would take them), never in the
 way of the run files, and nothing at all where TESSERA_MALLOC=default or malloc is not
 glibc's."""
 
@@ -54,7 +55,7 @@ def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeyp
     monkeypatch.setattr(background, "_trim_in_thread", lambda: trims.append(background._tuned))
     import_traces([RESNET], str(tmp_path), "r")
     assert seen and set(seen) == {1}  # every step was encoded with the settings on
-    assert recorder.calls == list(background._IMPORT_SETTINGS + background._DEFAULT_SETTINGS)
+    assert recorder.calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
     assert background._tuned == 0
     # memory freed on the way is reused, not trimmed; once, at the end, it is given back
     assert trims == [0]
@@ -63,13 +64,13 @@ def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeyp
 def test_workers_imported_at_once_share_one_setting(tmp_path, monkeypatch):
     recorder = _record(monkeypatch)
     import_traces([DDP], str(tmp_path), "r", jobs=2)
-    assert recorder.calls == list(background._IMPORT_SETTINGS + background._DEFAULT_SETTINGS)
+    assert recorder.calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
     with background.import_malloc():  # nested: the outer one applies and puts back
         with background.import_malloc():
             assert background._tuned == 2
         assert background._tuned == 1
     assert background._tuned == 0
-    assert recorder.calls[-6:] == list(background._IMPORT_SETTINGS + background._DEFAULT_SETTINGS)
+    assert recorder.calls[-6:] == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
 
 
 def test_the_run_files_are_the_same_with_glibcs_own_settings(tmp_path, monkeypatch):
@@ -112,7 +113,7 @@ def test_without_glibcs_mallopt_nothing_is_set_and_the_import_works(tmp_path, mo
 
 def test_a_worker_imported_alone_runs_with_the_settings(tmp_path, monkeypatch):
     """A Dask task imports one worker (import_worker) in a worker process: the settings
-    hold there too, and are put back after it."""
+    hold there too, and are changed back after it."""
     recorder = _record(monkeypatch)
     seen = []
     encode = kineto_import.encode_step
@@ -127,4 +128,4 @@ def test_a_worker_imported_alone_runs_with_the_settings(tmp_path, monkeypatch):
     run_dir.mkdir()
     kineto_import.import_worker("worker0", files[:1], str(run_dir))
     assert seen and set(seen) == {1}
-    assert recorder.calls == list(background._IMPORT_SETTINGS + background._DEFAULT_SETTINGS)
+    assert recorder.calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
