@@ -66,9 +66,13 @@ def import_malloc():
     global _tuned
     mallopt = _mallopt()
     with _tuned_lock:
-        applied = mallopt is not None and (
-            _tuned > 0 or all(mallopt(k, v) == 1 for k, v in _IMPORT_SETTINGS)
-        )
+        applied = mallopt is not None
+        if applied and _tuned == 0:
+            # every setting or none: one refused leaves the others as the end would
+            if not all([mallopt(k, v) == 1 for k, v in _IMPORT_SETTINGS]):
+                for k, v in _AFTER_SETTINGS:
+                    mallopt(k, v)
+                applied = False
         if applied:
             _tuned += 1
     try:

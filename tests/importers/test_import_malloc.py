@@ -41,9 +41,9 @@ def _record(monkeypatch) -> _Recorder:
     return recorder
 
 
-def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeypatch):
-    recorder = _record(monkeypatch)
-    seen = []
+def _tuned_at_each_step(monkeypatch) -> list[int]:
+    """How many imports held the settings as each step was encoded (filled as they are)."""
+    seen: list[int] = []
     encode = kineto_import.encode_step
 
     def noting(step):
@@ -51,6 +51,12 @@ def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeyp
         return encode(step)
 
     monkeypatch.setattr(kineto_import, "encode_step", noting)
+    return seen
+
+
+def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeypatch):
+    recorder = _record(monkeypatch)
+    seen = _tuned_at_each_step(monkeypatch)
     trims = []
     monkeypatch.setattr(background, "_trim_in_thread", lambda: trims.append(background._tuned))
     import_traces([RESNET], str(tmp_path), "r")
@@ -115,17 +121,29 @@ def test_a_worker_imported_alone_runs_with_the_settings(tmp_path, monkeypatch):
     """A Dask task imports one worker (import_worker) in a worker process: the settings
     hold there too, and are changed back after it."""
     recorder = _record(monkeypatch)
-    seen = []
-    encode = kineto_import.encode_step
-
-    def noting(step):
-        seen.append(background._tuned)
-        return encode(step)
-
-    monkeypatch.setattr(kineto_import, "encode_step", noting)
+    seen = _tuned_at_each_step(monkeypatch)
     files = sorted(os.path.join(RESNET, f) for f in os.listdir(RESNET) if f.endswith(".json.gz"))
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     kineto_import.import_worker("worker0", files[:1], str(run_dir))
     assert seen and set(seen) == {1}
     assert recorder.calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
+
+
+def test_a_refused_setting_leaves_none_of_them(monkeypatch):
+    """Where glibc refuses one setting, the import runs with none (those applied are set as
+    an import's end leaves them) and nothing more is changed when it ends."""
+    calls = []
+
+    def refusing(param, value):
+        calls.append((param, value))
+        return (
+            0
+            if param == background._M_MMAP_THRESHOLD and value == 32 << 20 and len(calls) < 3
+            else 1
+        )
+
+    monkeypatch.setattr(background, "_mallopt", lambda: refusing)
+    with background.import_malloc():
+        assert background._tuned == 0
+    assert calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
