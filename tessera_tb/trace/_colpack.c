@@ -121,6 +121,23 @@ typedef struct {
     PyObject *probes[MAX_PROBES][2];
 } Job;
 
+/* A list of item(job) for `count` jobs laid `stride` bytes apart from `first`; NULL with
+ * the exception of the item that failed. */
+static PyObject *list_of(Py_ssize_t count, PyObject *(*item)(const void *), const void *first,
+                         size_t stride) {
+    PyObject *list = PyList_New(count);
+    if (!list) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *t = item((const char *)first + (size_t)i * stride);
+        if (!t) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, t);
+    }
+    return list;
+}
+
 /* min_bytes and probe_values as the callers pass them; else ValueError. */
 static int check_sizes(Py_ssize_t min_bytes, Py_ssize_t probe_values) {
     if (min_bytes < 0 || probe_values < 1) {
@@ -235,7 +252,8 @@ static int run_job(Job *j, Py_ssize_t probe_values, unsigned char **scratch, siz
 
 static PyObject *new_bytes(Py_ssize_t n) { return PyBytes_FromStringAndSize(NULL, n); }
 
-static PyObject *job_result(Job *j) {
+static PyObject *job_result(const void *job) {
+    const Job *j = job;
     int shuffle = j->c.width > 1 && j->c.n > 1;
     PyObject *probes = Py_None;
     Py_INCREF(Py_None);
@@ -294,16 +312,7 @@ static PyObject *layout_columns(PyObject *self, PyObject *args) {
         goto done;
     }
 
-    result = PyList_New(count);
-    if (!result) goto done;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *t = job_result(&jobs[i]);
-        if (!t) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, i, t);
-    }
+    result = list_of(count, job_result, jobs, sizeof *jobs);
 
 done:
     for (Py_ssize_t i = 0; i < count; i++) {
@@ -581,6 +590,16 @@ static void raise_pack_error(const Packer *p, const char *what) {
         PyErr_Format(PyExc_RuntimeError, "%s: %s", what, p->error ? p->error : "failed");
 }
 
+/* pack_columns' (delta, shuffle, compressed, bytes) of a packed job. */
+static PyObject *packed_result(const void *job) {
+    const PackJob *j = job;
+    int shuffle = j->width > 1 && j->n > 1;
+    return Py_BuildValue("(OOOy#)", j->delta ? Py_True : Py_False, shuffle ? Py_True : Py_False,
+                         j->packed.compressed ? Py_True : Py_False,
+                         (const char *)(j->packed.data ? j->packed.data : (unsigned char *)""),
+                         (Py_ssize_t)j->packed.len);
+}
+
 static PyObject *pack_columns(PyObject *self, PyObject *args) {
     PyObject *jobs_obj;
     Py_ssize_t min_bytes, probe_values;
@@ -608,23 +627,7 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
         goto done;
     }
 
-    result = PyList_New(count);
-    if (!result) goto done;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PackJob *j = &jobs[i];
-        int shuffle = j->width > 1 && j->n > 1;
-        PyObject *t = Py_BuildValue("(OOOy#)", j->delta ? Py_True : Py_False,
-                                    shuffle ? Py_True : Py_False,
-                                    j->packed.compressed ? Py_True : Py_False,
-                                    (const char *)(j->packed.data ? j->packed.data
-                                                                  : (unsigned char *)""),
-                                    (Py_ssize_t)j->packed.len);
-        if (!t) {
-            Py_CLEAR(result);
-            goto done;
-        }
-        PyList_SET_ITEM(result, i, t);
-    }
+    result = list_of(count, packed_result, jobs, sizeof *jobs);
 
 done:
     for (Py_ssize_t i = 0; i < count; i++) {
