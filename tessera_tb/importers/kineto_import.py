@@ -511,7 +511,7 @@ def _import_workers(
         )
 
     # glibc's malloc set for the import (before any of its threads start: they share one
-    # arena), put back when it ends
+    # arena) until it ends (background.import_malloc)
     with background.import_malloc():
         if jobs == 1:
             results = [one(w) for w in by_worker]

@@ -622,9 +622,8 @@ def _attrs_by_step(attrs, rank, step_of, local_of, n_steps) -> list[tuple]:
     out = []
     for a in attrs:
         # (ranks are distinct, so any sort gives this order; a stable one is fastest on
-        # the runs that file order leaves)
-        # (index arrays of numpy's own index type: a gather by int32 indices takes a
-        # slower path, 20% of this function on the 50x copy)
+        # the runs that file order leaves. The rows gather in numpy's own index type: by
+        # int32 indices numpy takes a slower path, 20% of this function on the 50x copy.)
         rows = a.rows.astype(np.intp)
         o = np.argsort(rank[rows], kind="stable")
         a_rows = rows[o]

@@ -234,16 +234,15 @@ def canonical_order(events: dict[str, np.ndarray]) -> np.ndarray:
     With this order a parent precedes its children on a track, and each track is one
     contiguous block (what timeline queries slice).
     """
-    track, start = events["track_id"], events["start_ns"]
-    longer, external = -events["dur_ns"], events["external_id"]
+    track, start, external = events["track_id"], events["start_ns"], events["external_id"]
     in_order = _c_in_order(track, start, events["dur_ns"], external)
     if in_order is None:
-        in_order = _in_order(track, start, longer, external)
+        in_order = _in_order(track, start, -events["dur_ns"], external)
     if in_order:
         return np.arange(track.size)  # what the stable sort gives rows already in order
     packed = _packed_keys(track, start, events["dur_ns"], external)
     if packed is None:
-        return np.lexsort((external, longer, start, track))
+        return np.lexsort((external, -events["dur_ns"], start, track))
     then, first = packed
     # By (track, start) first: rows come in runs of it, which a stable sort takes in about
     # one pass. Only rows tied on it are then sorted by the other two.
