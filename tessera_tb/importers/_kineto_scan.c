@@ -280,6 +280,7 @@ typedef struct {
     int n_spaces;
     Buf ph, cat, name, pid, tid, ts, dur, id_val, id_sid;
     Buf arg_ev, arg_key, arg_type, arg_val;
+    Buf spare_ev, spare_type, spare_val; /* group_args' output, swapped with the above */
     Buf key_of_sid;  /* int32 per string id: its dense key number, -1 if not an args key */
     Buf key_sids;    /* int32 per dense key number: its string id */
     Buf key_start;   /* int64 per key, and one more: where its arguments start once grouped */
@@ -1266,22 +1267,22 @@ static int group_args(Scan *s) {
     for (size_t i = 0; i < n; i++) start[key[i] + 1]++;
     for (size_t k = 0; k < nkeys; k++) start[k + 1] += start[k];
     int64_t *next = malloc((nkeys + 1) * sizeof(int64_t));
-    Buf ev = {0}, type = {0}, val = {0};
-    if (!next || buf_reserve(&ev, n * 4 + 1) || buf_reserve(&type, n + 1) ||
-        buf_reserve(&val, n * 8 + 1)) {
+    /* Into the spare buffers, kept from the last grouping (no growth once they fit a
+     * batch), then swapped in: the ungrouped ones become the spares. */
+    Buf *ev = &s->spare_ev, *type = &s->spare_type, *val = &s->spare_val;
+    ev->len = type->len = val->len = 0;
+    if (!next || buf_reserve(ev, n * 4 + 1) || buf_reserve(type, n + 1) ||
+        buf_reserve(val, n * 8 + 1)) {
         free(next);
-        free(ev.p);
-        free(type.p);
-        free(val.p);
         return -1;
     }
     memcpy(next, start, (nkeys + 1) * sizeof(int64_t));
     const int32_t *ev0 = (const int32_t *)s->arg_ev.p;
     const uint8_t *type0 = (const uint8_t *)s->arg_type.p;
     const int64_t *val0 = (const int64_t *)s->arg_val.p;
-    int32_t *ev1 = (int32_t *)ev.p;
-    uint8_t *type1 = (uint8_t *)type.p;
-    int64_t *val1 = (int64_t *)val.p;
+    int32_t *ev1 = (int32_t *)ev->p;
+    uint8_t *type1 = (uint8_t *)type->p;
+    int64_t *val1 = (int64_t *)val->p;
     for (size_t i = 0; i < n; i++) {
         int64_t j = next[key[i]]++;
         ev1[j] = ev0[i];
@@ -1289,10 +1290,12 @@ static int group_args(Scan *s) {
         val1[j] = val0[i];
     }
     free(next);
-    ev.len = n * 4, type.len = n, val.len = n * 8;
-    free(s->arg_ev.p), free(s->arg_type.p), free(s->arg_val.p), free(s->arg_key.p);
-    s->arg_ev = ev, s->arg_type = type, s->arg_val = val;
-    memset(&s->arg_key, 0, sizeof s->arg_key);
+    ev->len = n * 4, type->len = n, val->len = n * 8;
+    Buf t;
+    t = s->arg_ev, s->arg_ev = *ev, *ev = t, ev->len = 0;
+    t = s->arg_type, s->arg_type = *type, *type = t, type->len = 0;
+    t = s->arg_val, s->arg_val = *val, *val = t, val->len = 0;
+    s->arg_key.len = 0;
     return 0;
 }
 
@@ -1567,7 +1570,8 @@ static void scan_free(Scan *s) {
     Buf *bufs[] = {&s->scratch, &s->raw,    &s->ph,       &s->cat,
                    &s->name,    &s->pid,    &s->tid,      &s->ts,     &s->dur,     &s->id_val,
                    &s->id_sid,  &s->arg_ev, &s->arg_key,  &s->arg_type, &s->arg_val,
-                   &s->key_of_sid, &s->key_sids, &s->key_start, &s->top};
+                   &s->key_of_sid, &s->key_sids, &s->key_start, &s->top,
+                   &s->spare_ev, &s->spare_type, &s->spare_val};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) free(bufs[i]->p);
 }
 
@@ -1795,6 +1799,14 @@ static int copy_column(PyObject *dict, const char *key, const Buf *b) {
     return rc;
 }
 
+/* A copy of a buffer as a bytearray, the buffer emptied but its memory kept for the next
+ * batch (which then grows it no further). */
+static int take_column(PyObject *dict, const char *key, Buf *b) {
+    int rc = copy_column(dict, key, b);
+    b->len = 0;
+    return rc;
+}
+
 static PyObject *Scanner_take(ScannerObject *self, PyObject *args) {
     if (!scanner_usable(self)) return NULL;
     Py_ssize_t strings_from;
@@ -1855,12 +1867,12 @@ static PyObject *Scanner_take(ScannerObject *self, PyObject *args) {
                 {"arg_val", &s->arg_val}};
     for (size_t i = 0; i < sizeof cols / sizeof cols[0]; i++) {
         if (grouped && cols[i].buf == &s->arg_key) continue; /* emptied by the grouping */
-        if (put_column(result, cols[i].key, cols[i].buf)) {
+        if (take_column(result, cols[i].key, cols[i].buf)) {
             Py_DECREF(result);
             return NULL;
         }
     }
-    if (grouped && put_column(result, "arg_key_start", &s->key_start)) {
+    if (grouped && take_column(result, "arg_key_start", &s->key_start)) {
         Py_DECREF(result);
         return NULL;
     }
