@@ -37,6 +37,13 @@ _AFTER_SETTINGS = (
 )
 _tuned = 0  # imports running with the settings above
 _tuned_lock = threading.Lock()
+# When the last import ends, the memory it freed is given back this many seconds later
+# (glibc's malloc_trim, in a thread), unless another import starts first and reuses it.
+# The trim holds glibc's arena lock while it works (5-10 ms after the 50x copy), so
+# whatever the caller allocates meanwhile waits: done at once, it came out of the import's
+# own time (and a command-line import, which exits right after, gains nothing from it).
+TRIM_DELAY_S = 1.0
+_pending_trim: threading.Timer | None = None  # the trim waiting to run, if any
 
 
 def _mallopt() -> Callable[[int, int], int] | None:
@@ -61,12 +68,17 @@ def import_malloc():
     the 52x one-step copy 214-219 MB against 225-232 MB). When the last import running
     ends, the arena limit is glibc's again and the thresholds are left where glibc's own
     adaptation would take them (_AFTER_SETTINGS), and the freed memory is given back in a
-    thread of its own. Where malloc is not glibc's, or TESSERA_MALLOC=default is set,
-    nothing changes."""
-    global _tuned
+    thread of its own TRIM_DELAY_S later, unless another import starts first (imports one
+    after the other, rank after rank on a Dask worker, reuse it instead of touching it
+    afresh). Where malloc is not glibc's, or TESSERA_MALLOC=default is set, nothing
+    changes."""
+    global _tuned, _pending_trim
     mallopt = _mallopt()
     with _tuned_lock:
         applied = mallopt is not None
+        if applied and _pending_trim is not None:
+            _pending_trim.cancel()  # this import reuses what the last one freed
+            _pending_trim = None
         if applied and _tuned == 0:
             # every setting or none: one refused leaves the others as the end would
             if not all([mallopt(k, v) == 1 for k, v in _IMPORT_SETTINGS]):
@@ -84,7 +96,7 @@ def import_malloc():
                 if _tuned == 0:
                     for k, v in _AFTER_SETTINGS:
                         mallopt(k, v)
-                    _trim_in_thread()
+                    _pending_trim = _trim_later(TRIM_DELAY_S)
 
 
 def release_freed_memory() -> None:
@@ -100,12 +112,30 @@ def release_freed_memory() -> None:
     _trim_in_thread()
 
 
-def _trim_in_thread() -> None:
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
-        trim = ctypes.CDLL(None).malloc_trim
+        return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
-        return
-    threading.Thread(target=trim, args=(0,), name="tessera-trim", daemon=True).start()
+        return None
+
+
+def _trim_in_thread() -> None:
+    trim = _malloc_trim()
+    if trim is not None:
+        threading.Thread(target=trim, args=(0,), name="tessera-trim", daemon=True).start()
+
+
+def _trim_later(delay: float) -> threading.Timer | None:
+    """malloc_trim in a thread of its own `delay` seconds from now (a daemon: an exiting
+    process does not wait for it); the timer, which cancel() stops, or None (not glibc)."""
+    trim = _malloc_trim()
+    if trim is None:
+        return None
+    timer = threading.Timer(delay, trim, args=(0,))
+    timer.name = "tessera-trim"
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 class Background:

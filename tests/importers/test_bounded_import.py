@@ -262,7 +262,8 @@ def test_a_full_disk_while_spilling_fails_in_one_line_leaving_nothing(tmp_path, 
         kineto_import.import_traces([GPT], str(logdir), "r")
     assert str(err.value) == f"{spilled[2]}: No space left on device"
     assert os.listdir(logdir) == []  # no run, no staging, no scratch directory
-    assert set(threading.enumerate()) <= before  # the reading and scratch threads ended
+    # the reading and scratch threads ended (the memory's trim waits a while: background)
+    assert {t for t in threading.enumerate() if t.name != "tessera-trim"} <= before
 
 
 def test_scratch_files_are_removed_once_read_for_the_last_time(tmp_path):

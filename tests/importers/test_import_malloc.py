@@ -58,13 +58,53 @@ def test_an_import_runs_with_the_settings_and_puts_glibcs_back(tmp_path, monkeyp
     recorder = _record(monkeypatch)
     seen = _tuned_at_each_step(monkeypatch)
     trims = []
-    monkeypatch.setattr(background, "_trim_in_thread", lambda: trims.append(background._tuned))
+    monkeypatch.setattr(
+        background, "_trim_later", lambda delay: trims.append((background._tuned, delay))
+    )
     import_traces([RESNET], str(tmp_path), "r")
     assert seen and set(seen) == {1}  # every step was encoded with the settings on
     assert recorder.calls == list(background._IMPORT_SETTINGS + background._AFTER_SETTINGS)
     assert background._tuned == 0
-    # memory freed on the way is reused, not trimmed; once, at the end, it is given back
-    assert trims == [0]
+    # memory freed on the way is reused, not trimmed; once the import ends, it is given
+    # back a while later
+    assert trims == [(0, background.TRIM_DELAY_S)]
+
+
+def _trims(monkeypatch) -> list[int]:
+    """malloc_trim's calls (their pad), glibc's own trim made after each."""
+    calls: list[int] = []
+    real = background._malloc_trim()
+
+    def trim(pad: int) -> int:
+        calls.append(pad)
+        return real(pad)
+
+    monkeypatch.setattr(background, "_malloc_trim", lambda: trim)
+    return calls
+
+
+def test_the_freed_memory_is_given_back_after_the_import_not_during_it(tmp_path, monkeypatch):
+    calls = _trims(monkeypatch)
+    monkeypatch.setattr(background, "TRIM_DELAY_S", 1.0)
+    import_traces([RESNET], str(tmp_path), "r")
+    timer = background._pending_trim
+    assert calls == [] and timer is not None and timer.name == "tessera-trim" and timer.daemon
+    timer.join(10)
+    assert calls == [0]
+
+
+def test_an_import_started_before_the_trim_reuses_the_memory_instead(tmp_path, monkeypatch):
+    calls = _trims(monkeypatch)
+    monkeypatch.setattr(background, "TRIM_DELAY_S", 60.0)
+    import_traces([RESNET], str(tmp_path), "a")
+    first = background._pending_trim
+    assert first is not None and first.is_alive()
+    import_traces([DDP], str(tmp_path), "b")  # the first one's trim is called off
+    first.join(10)
+    assert not first.is_alive() and calls == []
+    second = background._pending_trim
+    assert second is not first and second.is_alive()
+    second.cancel()
 
 
 def test_workers_imported_at_once_share_one_setting(tmp_path, monkeypatch):
