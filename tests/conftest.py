@@ -15,6 +15,12 @@ SHARED_TRACES = os.path.join(os.path.dirname(ROOT), "shared", "traces")
 DEMO_RUNS = os.path.join(ROOT, "demo_runs")
 
 
+def live_threads() -> set[threading.Thread]:
+    """The threads running, but the memory's trim (background._trim_later): a timer that an
+    import leaves behind, which may start or end at any moment of a later test."""
+    return {t for t in threading.enumerate() if t.name != "tessera-trim"}
+
+
 def shared_trace_files() -> list[str]:
     files = sorted(glob.glob(os.path.join(SHARED_TRACES, "**", "*.json.gz"), recursive=True))
     if not files:

@@ -22,6 +22,7 @@ from tests.conftest import (
     SHARED_TRACES,
     assert_same_files,
     file_contents,
+    live_threads,
     needs_scanner,
     shared_trace_files,
     trace_id,
@@ -257,13 +258,12 @@ def test_a_full_disk_while_spilling_fails_in_one_line_leaving_nothing(tmp_path, 
 
     monkeypatch.setattr(kineto_stream, "_spill", spill)
     logdir = tmp_path / "runs"
-    before = set(threading.enumerate())
+    before = live_threads()
     with pytest.raises(kineto_import.ImportFailed) as err:
         kineto_import.import_traces([GPT], str(logdir), "r")
     assert str(err.value) == f"{spilled[2]}: No space left on device"
     assert os.listdir(logdir) == []  # no run, no staging, no scratch directory
-    # the reading and scratch threads ended (the memory's trim waits a while: background)
-    assert {t for t in threading.enumerate() if t.name != "tessera-trim"} <= before
+    assert live_threads() <= before  # the reading and scratch threads ended
 
 
 def test_scratch_files_are_removed_once_read_for_the_last_time(tmp_path):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import threading
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from tessera_tb.trace.errors import TraceFormatError
 from tests.conftest import (
     SHARED_TRACES,
     assert_same_files,
+    live_threads,
     needs_scanner,
     shared_trace_files,
     trace_id,
@@ -237,24 +237,24 @@ def test_damage_in_the_middle_gives_the_one_scanner_error(tmp_path, split_small,
         m.setattr(kineto_decode, "worth_splitting", lambda _size: False)
         with pytest.raises(TraceFormatError) as one:
             kineto_decode.read_trace(path)
-    threads = threading.active_count()
+    threads = live_threads()
     with pytest.raises(TraceFormatError) as two:
         kineto_decode.read_trace(path)
     assert split_small == [False]  # the split declined at the damage; one scanner named it
     assert str(two.value) == str(one.value) and path in str(two.value)
-    assert threading.active_count() == threads  # the scanners' threads are gone
+    assert live_threads() == threads  # the scanners' threads are gone
 
 
 def test_a_truncated_gzip_fails_naming_the_file_and_leaves_no_thread(tmp_path, split_small):
     data = open(_files(DDP)[0], "rb").read()
     path = tmp_path / "cut.pt.trace.json.gz"
     path.write_bytes(data[: len(data) // 2])
-    threads = threading.active_count()
+    threads = live_threads()
     with pytest.raises(TraceFormatError, match="truncated gzip") as err:
         kineto_decode.read_trace(str(path))
     assert str(path) in str(err.value)
     assert split_small == ["raised"]  # met while the two scanners were reading
-    assert threading.active_count() == threads
+    assert live_threads() == threads
 
 
 def test_a_grouped_take_holds_the_ungrouped_takes_arguments_by_key():
