@@ -109,7 +109,7 @@ def release_freed_memory() -> None:
     pieces)."""
     if _tuned:  # one arena, memory kept: what is freed is reused (import_malloc)
         return
-    _trim_in_thread()
+    _trim_later(0)
 
 
 def _malloc_trim() -> Callable[[int], int] | None:
@@ -117,12 +117,6 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
-
-
-def _trim_in_thread() -> None:
-    trim = _malloc_trim()
-    if trim is not None:
-        threading.Thread(target=trim, args=(0,), name="tessera-trim", daemon=True).start()
 
 
 def _trim_later(delay: float) -> threading.Timer | None:
