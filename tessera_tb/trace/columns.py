@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import threading
 import zlib
@@ -164,14 +165,13 @@ def _encode_batch(prepared: list, packer: str) -> None:
         out.data = data
 
 
-_BOUND: list[bool] = []
-_STEP_PACKING: list[bool] = []
 # About the bytes of values a step's events hold (the event columns: 53 per row; with the
 # arguments, ~110 on the 50x copy): a step is packed in one call where this many
 # per event stay within _BATCH_BYTES.
 _STEP_BYTES_PER_EVENT = 128
 
 
+@functools.cache
 def _c_zstd() -> bool:
     """Whether _colpack packs columns whole (pack_columns): it takes Zstandard's functions
     from the zstandard package's own library, its CFFI module, which exports them (the C
@@ -179,18 +179,16 @@ def _c_zstd() -> bool:
     compresses with, so the frames are the package's. False where _colpack was not built,
     the module is not there (a zstandard built without it) or cannot be loaded: then
     Python compresses, with the same bytes."""
-    if not _BOUND:
-        bound = False
-        if _colpack is not None and hasattr(_colpack, "bind_zstd"):
-            try:
-                spec = importlib.util.find_spec("zstandard._cffi")
-            except (ImportError, ValueError):
-                spec = None
-            if spec is not None and spec.origin:
-                major, minor, patch = zstandard.ZSTD_VERSION
-                bound = _colpack.bind_zstd(spec.origin, major * 10000 + minor * 100 + patch)
-        _BOUND.append(bound)
-    return _BOUND[0]
+    if _colpack is None or not hasattr(_colpack, "bind_zstd"):
+        return False
+    try:
+        spec = importlib.util.find_spec("zstandard._cffi")
+    except (ImportError, ValueError):
+        return False
+    if spec is None or not spec.origin:
+        return False
+    major, minor, patch = zstandard.ZSTD_VERSION
+    return _colpack.bind_zstd(spec.origin, major * 10000 + minor * 100 + patch)
 
 
 def _step_schema() -> tuple:
@@ -221,9 +219,13 @@ def packs_steps(event_count: int) -> bool:
     (pack_step): where _colpack has Zstandard bound and writes the fields the messages
     have (checked once against their descriptors), and the step is not so large that its
     columns should go in rounds of _BATCH_BYTES (encode_many)."""
-    if len(_STEP_PACKING) < 1:
-        _STEP_PACKING.append(_c_zstd() and getattr(_colpack, "STEP_SCHEMA", None) == _step_schema())
-    return _STEP_PACKING[0] and event_count * _STEP_BYTES_PER_EVENT <= _BATCH_BYTES
+    return _step_packing() and event_count * _STEP_BYTES_PER_EVENT <= _BATCH_BYTES
+
+
+@functools.cache
+def _step_packing() -> bool:
+    """Whether _colpack packs whole steps here (packs_steps), found once per process."""
+    return _c_zstd() and getattr(_colpack, "STEP_SCHEMA", None) == _step_schema()
 
 
 def strings_json(strings: list[str]) -> bytes:

@@ -237,11 +237,12 @@ def test_a_large_step_is_packed_in_rounds_the_same_bytes(monkeypatch):
     assert [writer.encode_step(step) for step in steps] == one_call
 
 
-def test_pack_step_writes_the_fields_the_messages_have(monkeypatch):
+def test_pack_step_writes_the_fields_the_messages_have(monkeypatch, request):
     """The field numbers _colpack.pack_step writes are the messages' (from their
     descriptors); where they were not, encode_step would not use it."""
     assert columns._colpack.STEP_SCHEMA == columns._step_schema()
-    monkeypatch.setattr(columns, "_STEP_PACKING", [])
+    columns._step_packing.cache_clear()  # found again, with the changed schema below
+    request.addfinalizer(columns._step_packing.cache_clear)
     monkeypatch.setattr(
         columns._colpack, "STEP_SCHEMA", ((9, 10, 12),) + columns._step_schema()[1:]
     )
