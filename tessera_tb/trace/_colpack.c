@@ -410,10 +410,26 @@ static ZSTD_CCtx *thread_cctx(int level) {
     return c;
 }
 
+/* Memory that packing reuses from one column to the next within a call: a form's
+ * differences, the laid-out form, and the stored bytes of each of two forms. Only the form
+ * kept gets memory of its own (keep), so the encoding threads, which share glibc's one
+ * arena during an import (background.import_malloc), seldom wait on its lock: a malloc,
+ * a realloc and a free per form made them wait there. */
 typedef struct {
-    unsigned char *buf, *zbuf; /* differences; a compressed probe block */
-    size_t cap, zcap;
+    unsigned char *p;
+    size_t cap;
+} Buf;
+
+typedef struct {
+    Buf diffs, form, z[2];
 } Scratch;
+
+static void free_scratch(Scratch *sc) {
+    free(sc->diffs.p);
+    free(sc->form.p);
+    free(sc->z[0].p);
+    free(sc->z[1].p);
+}
 
 typedef struct {
     ZSTD_CCtx *cctx;
@@ -421,154 +437,113 @@ typedef struct {
     const char *error; /* a Zstandard error's name, or "memory" */
 } Packer;
 
-static int pack_form(Packer *p, unsigned char *form, size_t len, Packed *out) {
-    out->data = form;
-    out->len = len;
-    out->compressed = 0;
-    if (len < p->min_bytes) return 0;
-    size_t cap = Z.compressBound(len);
-    unsigned char *z = malloc(cap ? cap : 1);
-    if (!z) {
+/* b holds at least need bytes (its contents are not kept). */
+static int room(Packer *p, Buf *b, size_t need) {
+    if (need <= b->cap && b->p) return 0;
+    free(b->p);
+    b->p = malloc(need ? need : 1);
+    b->cap = b->p ? need : 0;
+    if (!b->p) {
         p->error = "memory";
         return -1;
     }
-    size_t made = Z.compress2(p->cctx, z, cap, form, len);
-    if (Z.isError(made)) {
-        p->error = Z.getErrorName(made);
-        free(z);
-        return -1;
-    }
-    if (made < len) {
-        free(form);
-        unsigned char *fit = realloc(z, made ? made : 1);
-        out->data = fit ? fit : z;
-        out->len = made;
-        out->compressed = 1;
-    } else {
-        free(z);
-    }
     return 0;
 }
 
-/* The size a form packs to (for the probe blocks' choice), the form left as it is. */
-static int packed_size(Packer *p, const unsigned char *form, size_t len, size_t *size,
-                       unsigned char **zbuf, size_t *zcap) {
-    *size = len;
-    if (len < p->min_bytes) return 0;
-    size_t cap = Z.compressBound(len);
-    if (cap > *zcap) {
-        unsigned char *q = realloc(*zbuf, cap);
-        if (!q) {
-            p->error = "memory";
+/* A form's stored bytes into slot z[slot], which *out then borrows: compressed where the
+ * form is at least min_bytes long and that makes it smaller, else the form as it is. */
+static int pack_form(Packer *p, Scratch *sc, int slot, const unsigned char *form, size_t len,
+                     Packed *out) {
+    Buf *z = &sc->z[slot];
+    out->len = len;
+    out->compressed = 0;
+    if (len >= p->min_bytes) {
+        size_t cap = Z.compressBound(len);
+        if (room(p, z, cap)) return -1;
+        size_t made = Z.compress2(p->cctx, z->p, cap, form, len);
+        if (Z.isError(made)) {
+            p->error = Z.getErrorName(made);
             return -1;
         }
-        *zbuf = q;
-        *zcap = cap;
+        if (made < len) {
+            out->data = z->p;
+            out->len = made;
+            out->compressed = 1;
+            return 0;
+        }
     }
-    size_t made = Z.compress2(p->cctx, *zbuf, cap, form, len);
-    if (Z.isError(made)) {
-        p->error = Z.getErrorName(made);
-        return -1;
-    }
-    if (made < len) *size = made;
+    if (room(p, z, len)) return -1;
+    if (len) memcpy(z->p, form, len);
+    out->data = z->p;
     return 0;
 }
 
+/* A copy of a borrowed form's stored bytes, the job's own (freed with the job). */
+static int keep(Packer *p, const Packed *borrowed, Packed *out) {
+    unsigned char *data = malloc(borrowed->len ? borrowed->len : 1);
+    if (!data) {
+        p->error = "memory";
+        return -1;
+    }
+    if (borrowed->len) memcpy(data, borrowed->data, borrowed->len);
+    out->data = data;
+    out->len = borrowed->len;
+    out->compressed = borrowed->compressed;
+    return 0;
+}
 
-/* A form of n values at src laid out into a new buffer: their planes, or those of their
- * differences (scratch: room for n values). */
-static unsigned char *laid_out(const unsigned char *src, Py_ssize_t n, int w, int diffs,
-                               unsigned char *scratch) {
+/* A form of n values at src laid out into sc->form: their planes, or those of their
+ * differences. */
+static int lay_form(Packer *p, Scratch *sc, const unsigned char *src, Py_ssize_t n, int w,
+                    int diffs) {
     size_t len = (size_t)n * (size_t)w;
-    unsigned char *out = malloc(len ? len : 1);
-    if (!out) return NULL;
+    if (room(p, &sc->form, len)) return -1;
     if (diffs) {
-        differences(src, scratch, n, w);
-        split_planes(scratch, out, n, w);
+        if (room(p, &sc->diffs, len)) return -1;
+        differences(src, sc->diffs.p, n, w);
+        split_planes(sc->diffs.p, sc->form.p, n, w);
     } else {
-        split_planes(src, out, n, w);
+        split_planes(src, sc->form.p, n, w);
     }
-    return out;
+    return 0;
 }
 
-static int pack_job(Packer *p, PackJob *j, Py_ssize_t probe_values, unsigned char **scratch,
-                    size_t *cap, unsigned char **zbuf, size_t *zcap) {
+/* The form of n values at src packed into slot z[slot] (*out borrows it). */
+static int pack_laid_out(Packer *p, Scratch *sc, int slot, const unsigned char *src,
+                         Py_ssize_t n, int w, int diffs, Packed *out) {
+    if (lay_form(p, sc, src, n, w, diffs)) return -1;
+    return pack_form(p, sc, slot, sc->form.p, (size_t)n * (size_t)w, out);
+}
+
+static int pack_job(Packer *p, PackJob *j, Py_ssize_t probe_values, Scratch *sc) {
     int w = j->width;
-    size_t len = (size_t)j->n * (size_t)w;
-    size_t need = len;
-    if (j->n_starts && (size_t)probe_values * (size_t)w > need) need = (size_t)probe_values * w;
-    if (need > *cap) {
-        unsigned char *q = realloc(*scratch, need);
-        if (!q) {
-            p->error = "memory";
-            return -1;
-        }
-        *scratch = q;
-        *cap = need;
-    }
     const unsigned char *src = j->view.buf;
+    Packed form;
     if (j->n_starts) {
         /* columns._pack_all: the probe blocks' packed sizes, summed per form */
         size_t sums[2] = {0, 0};
         for (Py_ssize_t b = 0; b < j->n_starts; b++) {
             for (int d = 0; d < 2; d++) {
-                unsigned char *form =
-                    laid_out(src + (size_t)j->starts[b] * w, probe_values, w, d, *scratch);
-                if (!form) {
-                    p->error = "memory";
+                if (pack_laid_out(p, sc, 0, src + (size_t)j->starts[b] * w, probe_values, w,
+                                  d, &form))
                     return -1;
-                }
-                size_t size;
-                int bad = packed_size(p, form, (size_t)probe_values * w, &size, zbuf, zcap);
-                free(form);
-                if (bad) return -1;
-                sums[d] += size;
+                sums[d] += form.len;
             }
         }
         j->delta = sums[1] < sums[0];
-        unsigned char *form = laid_out(src, j->n, w, j->delta, *scratch);
-        if (!form) {
-            p->error = "memory";
-            return -1;
-        }
-        return pack_form(p, form, len, &j->packed);
+        if (pack_laid_out(p, sc, 0, src, j->n, w, j->delta, &form)) return -1;
+        return keep(p, &form, &j->packed);
     }
     Packed as_is = {NULL, 0, 0}, as_diffs = {NULL, 0, 0};
     int has_plain = !j->delta_only, has_diffs = j->delta_only || j->choose;
-    if (has_plain) {
-        unsigned char *form = laid_out(src, j->n, w, 0, *scratch);
-        if (!form) {
-            p->error = "memory";
-            return -1;
-        }
-        if (pack_form(p, form, len, &as_is)) return -1;
-    }
-    if (has_diffs) {
-        unsigned char *form = laid_out(src, j->n, w, 1, *scratch);
-        if (!form) {
-            p->error = "memory";
-            free(as_is.data);
-            return -1;
-        }
-        if (pack_form(p, form, len, &as_diffs)) {
-            free(as_is.data);
-            return -1;
-        }
-    }
-    if (has_diffs && (!has_plain || as_diffs.len < as_is.len)) {
-        j->delta = 1;
-        j->packed = as_diffs;
-        free(as_is.data);
-    } else {
-        j->delta = 0;
-        j->packed = as_is;
-        free(as_diffs.data);
-    }
-    return 0;
+    if (has_plain && pack_laid_out(p, sc, 0, src, j->n, w, 0, &as_is)) return -1;
+    if (has_diffs && pack_laid_out(p, sc, 1, src, j->n, w, 1, &as_diffs)) return -1;
+    j->delta = has_diffs && (!has_plain || as_diffs.len < as_is.len);
+    return keep(p, j->delta ? &as_diffs : &as_is, &j->packed);
 }
 
 /* Every job packed in this thread's compression context at `level`, without the GIL;
- * -1 with p->error set. The scratch buffers are the caller's to free. */
+ * -1 with p->error set. The scratch is the caller's to free (free_scratch). */
 static int pack_jobs(Packer *p, PackJob *jobs, Py_ssize_t count, Py_ssize_t probe_values,
                      int level, Scratch *sc) {
     p->cctx = thread_cctx(level);
@@ -577,8 +552,7 @@ static int pack_jobs(Packer *p, PackJob *jobs, Py_ssize_t count, Py_ssize_t prob
         return -1;
     }
     for (Py_ssize_t i = 0; i < count; i++)
-        if (pack_job(p, &jobs[i], probe_values, &sc->buf, &sc->cap, &sc->zbuf, &sc->zcap))
-            return -1;
+        if (pack_job(p, &jobs[i], probe_values, sc)) return -1;
     return 0;
 }
 
@@ -612,7 +586,7 @@ static PyObject *pack_columns(PyObject *self, PyObject *args) {
     PackJob *jobs = calloc(count ? count : 1, sizeof(PackJob));
     if (!jobs) return PyErr_NoMemory();
     PyObject *result = NULL;
-    Scratch sc = {NULL, NULL, 0, 0};
+    Scratch sc = {{NULL, 0}, {NULL, 0}, {{NULL, 0}, {NULL, 0}}};
 
     for (Py_ssize_t i = 0; i < count; i++)
         if (parse_job(PyList_GET_ITEM(jobs_obj, i), &jobs[i], min_bytes, probe_values, 0)) goto done;
@@ -635,8 +609,7 @@ done:
         free(jobs[i].packed.data);
     }
     free(jobs);
-    free(sc.buf);
-    free(sc.zbuf);
+    free_scratch(&sc);
     return result;
 }
 
@@ -796,7 +769,7 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
     PackJob *jobs = NULL;
     AttrHead *heads = NULL;
     unsigned char *frag = NULL;
-    Scratch sc = {NULL, NULL, 0, 0};
+    Scratch sc = {{NULL, 0}, {NULL, 0}, {{NULL, 0}, {NULL, 0}}};
     Packed strings_packed = {NULL, 0, 0};
     Py_ssize_t n_ev = table_columns(events), n_fl = table_columns(flows);
     Py_ssize_t n_attrs = PyList_GET_SIZE(attrs), count = 0;
@@ -838,14 +811,9 @@ static PyObject *pack_step(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     failed = pack_jobs(&p, jobs, count, probe_values, level, &sc);
     if (!failed) { /* the string table: one plain byte column */
-        unsigned char *form = malloc(strings.len ? (size_t)strings.len : 1);
-        if (!form) {
-            p.error = "memory";
-            failed = 1;
-        } else {
-            memcpy(form, strings.buf, (size_t)strings.len);
-            failed = pack_form(&p, form, (size_t)strings.len, &strings_packed) != 0;
-        }
+        Packed form;
+        failed = pack_form(&p, &sc, 0, strings.buf, (size_t)strings.len, &form) ||
+                 keep(&p, &form, &strings_packed);
     }
     if (!failed) {
         size_t ev_size = table_size(ev_count, ev, n_ev);
@@ -897,8 +865,7 @@ done:
     }
     free(jobs);
     free(heads);
-    free(sc.buf);
-    free(sc.zbuf);
+    free_scratch(&sc);
     free(frag);
     free(strings_packed.data);
     PyBuffer_Release(&strings);
