@@ -65,6 +65,11 @@ _EVENTS = msgspec.json.Decoder(list[RawEvent])
 _ANY = msgspec.json.Decoder()
 
 try:
+    from isal import igzip_lib
+except ImportError:  # a platform without isal's wheels: zlib's inflate (_ZlibMember)
+    igzip_lib = None
+
+try:
     from tessera_tb.importers import _kineto_scan
 except ImportError:  # built without a C compiler: the pure-Python path reads everything
     _kineto_scan = None
@@ -198,31 +203,65 @@ def iter_text(path: str) -> Iterator[bytes]:
             raise TraceFormatError(path, f"corrupt gzip data ({exc})") from None
 
 
+class _ZlibMember:
+    """zlib's gzip inflate with the interface of isal's IgzipDecompressor (and bz2's): it
+    keeps the input a call did not use, and takes more only when it says so."""
+
+    def __init__(self) -> None:
+        self._d = zlib.decompressobj(wbits=31)
+        self._tail = b""
+
+    @property
+    def eof(self) -> bool:
+        return self._d.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self._d.unused_data
+
+    @property
+    def needs_input(self) -> bool:
+        return not self._tail
+
+    def decompress(self, data: bytes, limit: int) -> bytes:
+        out = self._d.decompress(self._tail + data if self._tail else data, limit)
+        # At a member's end the rest of the input is in unused_data (zlib leaves a copy
+        # in unconsumed_tail too).
+        self._tail = b"" if self._d.eof else self._d.unconsumed_tail
+        return out
+
+
+def _gzip_member():
+    """A decompressor for one gzip member, which checks its CRC and length as it ends.
+    ISA-L's puts each piece in a buffer of the piece's size from the start; its zlib-like
+    decompressobj grows one from 16 KB by doubling, copying as it goes."""
+    if igzip_lib is not None:
+        return igzip_lib.IgzipDecompressor(flag=igzip_lib.DECOMP_GZIP)
+    return _ZlibMember()
+
+
 def _gunzip_pieces(f, data: bytes) -> Iterator[bytes]:
-    """Inflate gzip members from `data` and then the rest of file `f`, piece by piece.
-    zlib checks each member's CRC and length as it ends."""
-    d = deflate.decompressobj(wbits=31)
+    """Inflate gzip members from `data` and then the rest of file `f`, piece by piece."""
+    d = _gzip_member()
     limit = min(FIRST_TEXT_CHUNK, TEXT_CHUNK)
     while True:
-        if not data:
-            data = f.read(READ_CHUNK)
-            if not data:
-                if not d.eof:
-                    raise EOFError("compressed file ended before the end-of-stream marker")
-                return
         if d.eof:  # a member ended: zero padding, or another member
-            data = d.unused_data + data
+            data = d.unused_data + data or f.read(READ_CHUNK)
+            if not data:
+                return
             if not data.strip(b"\x00"):  # zero padding: the rest of the file must be too
                 while more := f.read(READ_CHUNK):
                     if more.strip(b"\x00"):
                         raise zlib.error("data after the zero padding of the last member")
                 return
-            d = deflate.decompressobj(wbits=31)
+            d = _gzip_member()
+        elif d.needs_input and not data:
+            data = f.read(READ_CHUNK)
+            if not data:
+                raise EOFError("compressed file ended before the end-of-stream marker")
         out = d.decompress(data, limit)
+        data = b""
         limit = TEXT_CHUNK
-        # At a member's end the rest of the input is in unused_data (zlib leaves a copy
-        # in unconsumed_tail too).
-        data = b"" if d.eof else d.unconsumed_tail
         if out:
             yield out
 

@@ -204,6 +204,39 @@ def test_multi_member_gzip_and_zero_padding_read_as_one_text(tmp_path, monkeypat
     _same_columns(trace.scan, kineto_decode._kineto_scan.scan_events(text))
 
 
+@pytest.mark.parametrize("inflate", ["isal", "zlib"])
+def test_either_inflate_reads_members_and_padding_and_names_damage(tmp_path, monkeypatch, inflate):
+    """ISA-L's IgzipDecompressor where isal is installed, zlib's (behind the same interface)
+    where it is not: the same text from several members and zero padding, and the same
+    errors for a member's damaged checksum, a cut last member and data after the padding."""
+    from tessera_tb.trace.errors import TraceFormatError
+
+    if inflate == "zlib":
+        monkeypatch.setattr(kineto_decode, "igzip_lib", None)
+    member = kineto_decode._gzip_member()
+    assert type(member).__name__ == ("IgzipDecompressor" if inflate == "isal" else "_ZlibMember")
+    path = os.path.join(DDP, sorted(f for f in os.listdir(DDP) if f.endswith(".gz"))[0])
+    text = gzip.decompress(open(path, "rb").read())
+    half = len(text) // 2
+    first, second = gzip.compress(text[:half]), gzip.compress(text[half:])
+    _small_pieces(monkeypatch)
+    f = tmp_path / "rank0.1.pt.trace.json.gz"
+
+    def read(packed: bytes) -> bytes:
+        f.write_bytes(packed)
+        return b"".join(kineto_decode.iter_text(str(f)))
+
+    assert read(first + second + b"\0" * 5000) == text
+    damaged = bytearray(first + second)
+    damaged[len(first) - 8] ^= 0xFF  # the first member's CRC
+    with pytest.raises(TraceFormatError, match="corrupt gzip"):
+        read(bytes(damaged))
+    with pytest.raises(TraceFormatError, match="truncated gzip"):
+        read(first + second[:-5])
+    with pytest.raises(TraceFormatError, match="corrupt gzip"):
+        read(first + b"\0" * 5000 + b"x")
+
+
 @pytest.mark.parametrize(
     "text",
     [
