@@ -13,6 +13,7 @@ import threading
 import pytest
 
 from tessera_tb.importers import kineto_decode, kineto_import
+from tessera_tb.trace.errors import TraceFormatError
 from tests.conftest import (
     SHARED_TRACES,
     assert_same_files,
@@ -209,8 +210,6 @@ def test_either_inflate_reads_members_and_padding_and_names_damage(tmp_path, mon
     """ISA-L's IgzipDecompressor where isal is installed, zlib's (behind the same interface)
     where it is not: the same text from several members and zero padding, and the same
     errors for a member's damaged checksum, a cut last member and data after the padding."""
-    from tessera_tb.trace.errors import TraceFormatError
-
     if inflate == "zlib":
         monkeypatch.setattr(kineto_decode, "igzip_lib", None)
     member = kineto_decode._gzip_member()
