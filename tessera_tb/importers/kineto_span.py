@@ -600,20 +600,46 @@ def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent
     return flows, warn
 
 
-def _used_ids(used: list[np.ndarray], in_use: np.ndarray) -> np.ndarray:
-    """The sorted distinct string ids in `used`, and 0 (the empty string): marked in
-    `in_use` (all False, as it is left) where the table is not much larger than the ids."""
-    count = sum(u.size for u in used)
-    if in_use.size > 16 * count + 4096:
-        return distinct(
-            np.concatenate([np.zeros(1, np.int64)] + [u.astype(np.int64) for u in used])
-        )
-    in_use[0] = True
-    for u in used:
-        in_use[u] = True
-    ids = np.flatnonzero(in_use)
-    in_use[ids] = False
-    return ids
+class _StepStrings:
+    """Each step's own string table: `renumber(used)` gives the sorted distinct string ids
+    in `used` (int32 arrays of the file's ids), 0 (the empty string) always among them,
+    and each array renumbered into that table (int32). In one C pass without the GIL
+    (`_kineto_scan.compact_strings`), or in numpy without the C module."""
+
+    def __init__(self, n_strings: int, in_c: bool | None = None) -> None:
+        self.c = _kineto_scan is not None if in_c is None else in_c
+        if self.c:
+            self.marks = np.full(n_strings, -1, dtype=np.int32)  # (left all -1)
+            self.ids = np.empty(n_strings, dtype=np.int64)
+        else:
+            self.in_use = np.zeros(n_strings, dtype=bool)  # (left all False)
+            self.string_map = np.full(n_strings, -1, dtype=np.int64)
+
+    def renumber(self, used: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        if self.c:
+            used = [np.ascontiguousarray(u, dtype=np.int32) for u in used]
+            outs = [np.empty(u.size, dtype=np.int32) for u in used]
+            count = _kineto_scan.compact_strings(tuple(used), tuple(outs), self.ids, self.marks)
+            return self.ids[:count], outs
+        ids = self._used_ids(used)
+        self.string_map[ids] = np.arange(ids.size)
+        return ids, [self.string_map[u].astype(np.int32) for u in used]
+
+    def _used_ids(self, used: list[np.ndarray]) -> np.ndarray:
+        """The sorted distinct ids in `used`, and 0: marked in `in_use` where the table is
+        not much larger than the ids."""
+        in_use = self.in_use
+        count = sum(u.size for u in used)
+        if in_use.size > 16 * count + 4096:
+            return distinct(
+                np.concatenate([np.zeros(1, np.int64)] + [u.astype(np.int64) for u in used])
+            )
+        in_use[0] = True
+        for u in used:
+            in_use[u] = True
+        ids = np.flatnonzero(in_use)
+        in_use[ids] = False
+        return ids
 
 
 def _attrs_by_step(attrs, rank, step_of, local_of, n_steps) -> list[tuple]:
@@ -706,8 +732,7 @@ def _split_steps(
         release_freed_memory()
     del rank, local_of, split_attrs
     all_strings = np.array(strings.strings, dtype=object)
-    string_map = np.full(len(strings.strings), -1, dtype=np.int64)
-    in_use = np.zeros(len(strings.strings), dtype=bool)
+    step_strings = _StepStrings(len(strings.strings))
 
     for k in range(n_steps):
         lo, hi = ev_bounds[k], ev_bounds[k + 1]
@@ -720,18 +745,15 @@ def _split_steps(
         step_flows = {name: col[f_bounds[k] : f_bounds[k + 1]] for name, col in f_ordered.items()}
 
         # Compact string table for this step.
+        is_string = [a.type in ("string", "json") for a in step_attrs]
         used = [ev["name_id"], ev["cat_id"], step_flows["cat_id"]]
-        used += [a.values for a in step_attrs if a.type in ("string", "json")]
-        ids = _used_ids(used, in_use)
-        string_map[ids] = np.arange(ids.size)
-        ev["name_id"] = string_map[ev["name_id"]].astype(np.int32)
-        ev["cat_id"] = string_map[ev["cat_id"]].astype(np.int32)
-        step_flows["cat_id"] = string_map[step_flows["cat_id"]].astype(np.int32)
+        used += [a.values for a, s in zip(step_attrs, is_string) if s]
+        ids, renumbered = step_strings.renumber(used)
+        ev["name_id"], ev["cat_id"], step_flows["cat_id"] = renumbered[:3]
+        values = iter(renumbered[3:])
         step_attrs = [
-            Attr(a.key, a.type, a.rows, string_map[a.values].astype(np.int32))
-            if a.type in ("string", "json")
-            else a
-            for a in step_attrs
+            Attr(a.key, a.type, a.rows, next(values)) if s else a
+            for a, s in zip(step_attrs, is_string)
         ]
         step = StepData(
             step=int(step_numbers[k]),

@@ -169,14 +169,37 @@ def test_previous_greater_equal_matches_the_monotonic_stack(form):
     assert previous_greater_equal(values).tolist() == stack_answer(values.tolist())
 
 
-def test_used_string_ids_are_the_same_marked_or_sorted():
-    from tessera_tb.importers.kineto_span import _used_ids
+@pytest.mark.parametrize("in_c", [True, False], ids=["C", "numpy"])
+def test_step_string_tables_are_the_used_ids_sorted_and_renumbered(in_c):
+    from tessera_tb.importers import kineto_span
 
+    if in_c and kineto_span._kineto_scan is None:
+        pytest.skip("the C scanner is not built")
     rng = np.random.default_rng(3)
-    for table, count in ((50, 400), (5000, 300), (200_000, 50), (10, 0)):
-        used = [rng.integers(0, table, count).astype(np.int32), rng.integers(0, table, 7)]
-        in_use = np.zeros(table, dtype=bool)
-        got = _used_ids(used, in_use)
-        want = np.unique(np.concatenate([[0], *used]))
-        assert got.tolist() == want.tolist(), (table, count)
-        assert not in_use.any()  # left as it was found, for the next step
+    # dense and sparse tables: the C pass reads its marks in order or sorts what it found,
+    # numpy marks them or sorts them
+    for table, count in ((50, 400), (5000, 300), (200_000, 50), (10, 0), (1, 3)):
+        tables = kineto_span._StepStrings(table, in_c)
+        for _ in range(3):  # the scratch is left ready for the next step
+            used = [rng.integers(0, table, count).astype(np.int32), rng.integers(0, table, 7)]
+            ids, renumbered = tables.renumber(used)
+            want = np.unique(np.concatenate([[0], *used]))
+            assert ids.tolist() == want.tolist(), (table, count)
+            for u, r in zip(used, renumbered):
+                assert r.dtype == np.int32
+                assert ids[r].tolist() == u.tolist()
+        assert tables.renumber([])[0].tolist() == [0]
+
+
+def test_step_string_ids_out_of_range_are_refused_and_leave_the_marks_clear():
+    from tessera_tb.importers import kineto_span
+
+    if kineto_span._kineto_scan is None:
+        pytest.skip("the C scanner is not built")
+    tables = kineto_span._StepStrings(10)
+    for bad in ([3, 10], [4, -1]):
+        with pytest.raises(ValueError, match="out of range"):
+            tables.renumber([np.array([1, 2], dtype=np.int32), np.array(bad, dtype=np.int32)])
+        assert (tables.marks == -1).all()
+    ids, (r,) = tables.renumber([np.array([9, 2, 9], dtype=np.int32)])
+    assert ids.tolist() == [0, 2, 9] and r.tolist() == [2, 1, 2]
