@@ -603,8 +603,9 @@ def _bind_flows(flows: dict[str, np.ndarray], start_ns, dur_ns, track_id, parent
 class _StepStrings:
     """Each step's own string table: `renumber(used)` gives the sorted distinct string ids
     in `used` (int32 arrays of the file's ids), 0 (the empty string) always among them,
-    and each array renumbered into that table (int32). In one C pass without the GIL
-    (`_kineto_scan.compact_strings`), or in numpy without the C module."""
+    and each array renumbered into that table (int32); the ids hold until the next call.
+    In one C pass without the GIL (`_kineto_scan.compact_strings`), or in numpy without
+    the C module."""
 
     def __init__(self, n_strings: int, in_c: bool | None = None) -> None:
         self.c = _kineto_scan is not None if in_c is None else in_c
