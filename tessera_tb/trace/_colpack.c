@@ -975,8 +975,11 @@ static PyObject *union_length(PyObject *self, PyObject *args) {
     Py_ssize_t m = 0;
     uint64_t top = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t a = starts[i] < lo ? lo : starts[i] > hi ? hi : starts[i];
-        int64_t b = ends[i] < lo ? lo : ends[i] > hi ? hi : ends[i];
+        /* raised to lo, then lowered to hi, as the numpy form clips: with lo past hi
+         * every interval is empty, a reversed one too */
+        int64_t a = starts[i] < lo ? lo : starts[i], b = ends[i] < lo ? lo : ends[i];
+        if (a > hi) a = hi;
+        if (b > hi) b = hi;
         if (b <= a) continue;
         key[m] = (uint64_t)a - (uint64_t)lo;
         end[m] = (uint64_t)b - (uint64_t)lo;

@@ -31,6 +31,7 @@ def test_union_length_is_the_count_of_covered_points(form):
         ([-20, 30], [-10, 40], 0, 10),  # all outside
         ([2, 1, 0], [9, 3, 20], 0, 10),  # unsorted, nested, past the end
         ([3], [7], 5, 2),  # lo past hi
+        ([6, 1], [4, 9], 5, 2),  # lo past hi, one interval reversed across them
     ]
     for _ in range(300):  # overlapping, unsorted, some outside [lo, hi)
         n = int(rng.integers(0, 40))
